@@ -1,0 +1,109 @@
+"""Per-row bookkeeping over a stock HF `DynamicCache` whose rows hold different numbers of tokens.
+
+Row b's committed tokens sit left-aligned in slots [0, lengths[b]); slot s holds position s. Slots past a
+row's length (up to the physical cache length) are stale and masked out. A *round* appends slots after the
+physical length (a draft tree, or a ragged run of new tokens); `commit` gathers each row's kept round
+slots to the end of its committed region and drops the rest, so stale slots never pile up: the physical
+length is always max(lengths).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+
+class RowCache:
+    """A `DynamicCache` plus a committed length per row and the open round's slot positions."""
+
+    def __init__(self, batch: int, device: torch.device, sliding_window: int | None = None):
+        self.cache = DynamicCache()
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed tokens per row
+        self.sliding_window = sliding_window
+        self._round_positions: list[Tensor] = []  # [B, n] positions of each block of round slots
+        self._round_attend: Tensor | None = None  # [B, R, R] which round slots each round slot sees
+
+    @property
+    def physical_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @property
+    def round_length(self) -> int:
+        return sum(p.shape[1] for p in self._round_positions)
+
+    @property
+    def committed_length(self) -> int:
+        return self.physical_length - self.round_length
+
+    def open_slots(self, positions: Tensor, attend: Tensor) -> Tensor:
+        """Register n new round slots and return the [B, 1, n, S] bool mask for running them.
+
+        positions: [B, n] position id of each new slot.
+        attend: [B, n, R + n] which of the round's slots (earlier ones, then the new ones) each new slot sees.
+        """
+        batch, n = positions.shape
+        committed = self.committed_length
+        slots = torch.arange(committed, device=positions.device)
+        sees_committed = (slots[None, :] < self.lengths[:, None])[:, None, :].expand(batch, n, committed)
+        mask = torch.cat([sees_committed, attend], dim=-1)  # [B, n, S]
+        self._round_positions.append(positions)
+        if self.sliding_window is not None:
+            key_positions = torch.cat([slots.expand(batch, committed), *self._round_positions], dim=1)
+            mask = mask & (positions[:, :, None] - key_positions[:, None, :] < self.sliding_window)
+        previous = self._round_attend
+        grown = attend if previous is None else torch.cat(
+            [torch.cat([previous, attend.new_zeros(batch, previous.shape[1], n)], -1), attend], 1)
+        self._round_attend = grown
+        return mask[:, None]
+
+    def round_attend(self, parent_slots: Tensor) -> Tensor:
+        """[B, n] parent round slot (-1 = none) -> [B, n, R + n] attend rows: the parent's view plus self."""
+        batch, n = parent_slots.shape
+        r = self.round_length
+        rows = torch.zeros(batch, n, r + n, dtype=torch.bool, device=parent_slots.device)
+        if r:
+            parent_view = self._round_attend.gather(
+                1, parent_slots.clamp_min(0)[:, :, None].expand(batch, n, r))  # [B, n, R]
+            rows[:, :, :r] = parent_view & (parent_slots >= 0)[:, :, None]
+        rows[:, :, r:] = torch.eye(n, dtype=torch.bool, device=parent_slots.device)
+        return rows
+
+    def commit(self, slots: Tensor, counts: Tensor) -> None:
+        """Keep round slots `slots[b, :counts[b]]` (in that order) for row b, drop the rest of the round.
+
+        slots: [B, m] round slot indices; counts: [B] how many of them each row keeps.
+        """
+        slots = slots[:, : self.round_length]  # a row can keep at most the round's slots
+        batch, m = slots.shape
+        committed = self.committed_length
+        if m:
+            source = committed + slots  # [B, m] physical slots to read
+            target = self.lengths[:, None] + torch.arange(m, device=slots.device)  # [B, m] where they go
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    states = getattr(layer, name)  # [B, H, S, Dh]
+                    heads, dim = states.shape[1], states.shape[3]
+                    src = source[:, None, :, None].expand(batch, heads, m, dim)
+                    dst = target[:, None, :, None].expand(batch, heads, m, dim)
+                    states.scatter_(2, dst, states.gather(2, src))
+        self.lengths = self.lengths + counts
+        self._truncate(int(self.lengths.max()) if batch else 0)
+
+    def rollback(self) -> None:
+        """Drop every round slot."""
+        self._truncate(self.committed_length)
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only `rows` of the batch (between rounds)."""
+        if self.physical_length:
+            self.cache.batch_select_indices(rows)
+        self.lengths = self.lengths[rows]
+        self._truncate(int(self.lengths.max()) if rows.numel() else 0)
+
+    def _truncate(self, length: int) -> None:
+        excess = self.physical_length - length
+        if excess > 0:
+            self.cache.crop(-excess)
+        self._round_positions = []
+        self._round_attend = None

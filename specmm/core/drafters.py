@@ -1,0 +1,193 @@
+"""Drafters: the protocol the engine drives, a small-model drafter and an n-gram prompt-lookup drafter.
+
+Each round a drafter gets the root tokens (the target's latest tokens, not yet verified by anything),
+builds a `DraftTree` under them, and after verification learns which path was accepted and the target's
+next token. `EagleDrafter` (feature-level head) lives in `specmm.core.eagle`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from specmm.core.acceptance import AcceptResult
+from specmm.core.sampling import Generators, SamplingConfig
+from specmm.core.target import ModelRunner, attention_backend, model_device, output_vocab_size
+from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    vocab_size: int | None  # None: proposes tokens of the target's own vocabulary (e.g. copied from context)
+    device: torch.device | None
+    needs_target_features: bool
+    draft_forwards: int  # batched drafter forwards so far
+
+    def check_spec(self, spec: TreeSpec) -> None:
+        """Raise ValueError when this drafter cannot build `spec` trees."""
+        ...
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+        """Begin a generation on a left-padded prompt [B, L]; its last column holds the first roots.
+
+        target_features: [B, L - 1, H] target features of the prompt minus its last token, when requested.
+        """
+        ...
+
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        ...
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        """Learn the outcome: the accepted path, the next root (`result.next_token`) and, when requested, the
+        target features [B, D+1, H] at the path's nodes."""
+        ...
+
+    def select_rows(self, rows: Tensor) -> None:
+        ...
+
+
+def accepted_tokens(tree: DraftTree, result: AcceptResult) -> Tensor:
+    """[B, D+1] the round's new tokens: accepted drafts, then the target's next token at index num_accepted."""
+    drafts = tree.tokens.gather(1, result.path[:, 1:])  # [B, D]
+    tokens = torch.cat([drafts, drafts.new_zeros(drafts.shape[0], 1)], 1)
+    return tokens.scatter(1, result.num_accepted[:, None], result.next_token[:, None])
+
+
+def shift_left(values: Tensor, shift: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """Row b of [B, W, ...] -> its entries [shift[b], shift[b] + count[b]) moved to the front, and a [B, W]
+    validity mask."""
+    width = values.shape[1]
+    offsets = torch.arange(width, device=values.device)
+    index = (shift[:, None] + offsets).clamp(max=width - 1)  # [B, W]
+    gathered = values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand_as(values))
+    return gathered, offsets[None, :] < count[:, None]
+
+
+class ModelDrafter:
+    """A smaller HF causal LM with the target's vocabulary: its own cache, chains or top-k trees.
+
+    Tree nodes it ran and the target accepted stay in its cache; the rest of the accepted path and the
+    target's next token are fed at the start of the next round.
+    """
+
+    needs_target_features = False
+
+    def __init__(self, model: nn.Module):
+        attention_backend(model)
+        self.model = model
+        self.vocab_size = output_vocab_size(model)
+        self.device = model_device(model)
+        self.draft_forwards = 0
+        self.runner: ModelRunner | None = None
+
+    def check_spec(self, spec: TreeSpec) -> None:
+        return None
+
+    @torch.no_grad()
+    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+        self.runner = ModelRunner(self.model, input_ids.shape[0])
+        self.draft_forwards = 0
+        if input_ids.shape[1] > 1:
+            self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)
+            self.draft_forwards += 1
+        self.pending = input_ids[:, -1:]  # [B, P] tokens to feed next, left-aligned, ending with the root
+        self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)
+
+    @torch.no_grad()
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        rows = torch.arange(roots.shape[0], device=roots.device)
+        logits = self.runner.extend(self.pending_valid, input_ids=self.pending).logits  # [B, P, V]
+        self.draft_forwards += 1
+        root_logits = logits[rows, self.pending_valid.sum(1) - 1]  # [B, V]
+        root_position = self.runner.cache.lengths - 1  # [B]
+        slot_depth: list[Tensor] = []  # [B, n] depth of each block of round slots
+
+        def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
+            known = torch.cat(slot_depth, 1) if slot_depth else tokens.new_zeros(tokens.shape[0], 0)
+            parent_depth = known.gather(1, parent_slots.clamp_min(0)) if known.shape[1] else parent_slots * 0
+            depth = torch.where(parent_slots >= 0, parent_depth, 0) + 1  # [B, n]
+            slot_depth.append(depth)
+            self.draft_forwards += 1
+            out = self.runner.forward_children(parent_slots, root_position[:, None] + depth, input_ids=tokens)
+            return out.logits
+
+        return grow_tree(spec, roots, root_logits, expand, sampling, generators)
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        accepted = result.num_accepted  # [B]
+        path_slots = tree.node_slots.gather(1, result.path[:, 1:])  # [B, D] drafter slot of each accepted draft
+        steps = torch.arange(path_slots.shape[1], device=accepted.device)
+        ran = (path_slots >= 0) & (steps[None, :] < accepted[:, None])
+        reused = ran.long().cumprod(1).sum(1)  # [B] leading accepted drafts already in the round's slots
+        self.runner.cache.commit(path_slots.clamp_min(0), reused)
+        self.pending, self.pending_valid = shift_left(accepted_tokens(tree, result), reused, accepted - reused + 1)
+
+    def select_rows(self, rows: Tensor) -> None:
+        self.runner.cache.select_rows(rows)
+        self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
+
+
+class PromptLookupDrafter:
+    """Copy the continuation of the latest earlier occurrence of the context's last n-gram (n = ngram..1).
+
+    Proposes a chain of up to min(k, chain length) tokens per row; rows with no match propose nothing.
+    Drafts are point masses, so verification stays exact under sampling.
+    """
+
+    vocab_size = None
+    device = None
+    needs_target_features = False
+
+    def __init__(self, ngram: int = 3, k: int = 8):
+        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+            raise ValueError(f"ngram must be an integer >= 1, got {ngram!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        self.ngram, self.k = ngram, k
+        self.draft_forwards = 0
+
+    def check_spec(self, spec: TreeSpec) -> None:
+        if spec.kind != "chain":
+            raise ValueError(f"tree: PromptLookupDrafter proposes chains only, got a {spec.kind} tree")
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+        valid = attention_mask.bool()
+        order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices
+        self.history = input_ids.gather(1, order)  # [B, L] real tokens left-aligned, ending with the root
+        self.lengths = valid.sum(1)  # [B]
+
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        k = min(self.k, spec.depth)
+        batch, width = self.history.shape
+        device = roots.device
+        start = torch.full((batch,), -1, device=device)  # [B] index where the copied continuation starts
+        for n in range(min(self.ngram, width - 1), 0, -1):
+            windows = self.history.unfold(1, n, 1)  # [B, W - n + 1, n]
+            tail = (self.lengths[:, None] - n + torch.arange(n, device=device)).clamp_min(0)
+            suffix = self.history.gather(1, tail)  # [B, n]
+            begins = torch.arange(windows.shape[1], device=device)
+            match = (windows == suffix[:, None, :]).all(-1) & (begins[None, :] + n < self.lengths[:, None])
+            found = torch.where(match, begins + n, -1).max(1).values
+            start = torch.where((start < 0) & (self.lengths > n), found, start)
+        count = torch.where(start >= 0, (self.lengths - start).clamp(max=k), 0)  # [B]
+        index = (start.clamp_min(0)[:, None] + torch.arange(k, device=device)).clamp(max=width - 1)
+        drafts = self.history.gather(1, index)  # [B, k]
+        nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
+        return DraftTree(tokens=torch.cat([roots[:, None], drafts], 1), parents=nodes - 1, depth=nodes.clone(),
+                         valid=nodes <= count[:, None], max_depth=k, max_children=1)
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        new = accepted_tokens(tree, result)  # [B, D+1]
+        needed = int(self.lengths.max()) + new.shape[1]
+        if needed > self.history.shape[1]:
+            pad = self.history.new_zeros(self.history.shape[0], max(needed, 2 * self.history.shape[1]) - self.history.shape[1])
+            self.history = torch.cat([self.history, pad], 1)
+        steps = torch.arange(new.shape[1], device=new.device)
+        target = self.lengths[:, None] + steps  # [B, D+1]; entries past the count land in unused slots
+        self.history.scatter_(1, target, new)
+        self.lengths = self.lengths + result.num_accepted + 1
+
+    def select_rows(self, rows: Tensor) -> None:
+        self.history, self.lengths = self.history[rows], self.lengths[rows]

@@ -1,0 +1,216 @@
+"""EAGLE-1/2 feature-level drafter: fc([token embedding; target feature]) -> one Llama decoder layer.
+
+The head predicts the target's next last-layer feature; the target's own (frozen) LM head turns it into
+logits. Pair t of the head's input is (feature f_t, token x_{t+1}) at position t. Checkpoints use the
+upstream EAGLE key names (`fc.*`, `layers.0.*`, optional `embed_tokens.weight`) and a Llama-style
+`config.json`, so released EAGLE-1/2 heads load as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import LlamaConfig, LlamaModel
+
+from specmm.core.acceptance import AcceptResult
+from specmm.core.drafters import accepted_tokens
+from specmm.core.sampling import Generators, SamplingConfig
+from specmm.core.target import ModelRunner, final_norm, model_device, output_vocab_size
+from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+
+logger = logging.getLogger(__name__)
+
+_CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                  "rms_norm_eps", "max_position_embeddings", "hidden_act", "head_dim")
+
+
+def head_config_for(model: nn.Module, **overrides) -> LlamaConfig:
+    """A one-layer Llama config matching the target's width, heads and rotary settings."""
+    text = model.config.get_text_config()
+    fields = {f: getattr(text, f) for f in _CONFIG_FIELDS if getattr(text, f, None) is not None}
+    rope = getattr(text, "rope_parameters", None) or {}
+    fields["rope_theta"] = rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))
+    fields["vocab_size"] = output_vocab_size(model)
+    fields["attention_bias"] = bool(getattr(text, "attention_bias", False))
+    fields.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+class EagleHead(nn.Module):
+    """fc on [token embedding; feature] -> Llama decoder layer(s); no input norm on layer 0, no final norm."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        inner = LlamaConfig.from_dict({**config.to_dict(), "vocab_size": 1, "pad_token_id": None,
+                                       "bos_token_id": None, "eos_token_id": None})
+        inner._attn_implementation = config._attn_implementation
+        self.decoder = LlamaModel(inner)  # embeddings unused (inputs_embeds is always given): vocabulary of 1
+        self.decoder.norm = nn.Identity()
+        self.decoder.layers[0].input_layernorm = nn.Identity()
+
+    def forward(self, token_embeds: Tensor, features: Tensor, **kwargs):
+        """token_embeds, features: [B, n, H] -> decoder output whose last_hidden_state predicts next features."""
+        return self.decoder(inputs_embeds=self.fc(torch.cat([token_embeds, features], dim=-1)), **kwargs)
+
+    def upstream_state_dict(self) -> dict[str, Tensor]:
+        """Weights under the upstream EAGLE key names."""
+        out = {}
+        for key, value in self.state_dict().items():
+            if key.startswith("decoder.embed_tokens"):
+                continue
+            out[key.removeprefix("decoder.")] = value
+        return out
+
+    def load_upstream_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load upstream EAGLE keys (`embed_tokens.weight` is the target's frozen copy and is skipped)."""
+        expected = self.upstream_state_dict()
+        state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+        missing = sorted(set(expected) - set(state))
+        if self.config.attention_bias and missing == ["layers.0.self_attn.o_proj.bias"]:
+            state["layers.0.self_attn.o_proj.bias"] = torch.zeros_like(expected["layers.0.self_attn.o_proj.bias"])
+            missing = []
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"EAGLE checkpoint does not match the head layout: missing {missing}, "
+                             f"unexpected {unexpected}")
+        for key, value in state.items():
+            if value.shape != expected[key].shape:
+                raise ValueError(f"EAGLE checkpoint: {key} has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(expected[key].shape)}")
+        own = {("decoder." + k if k.startswith("layers.") else k): v for k, v in state.items()}
+        self.load_state_dict(own, strict=False)
+
+
+class EagleDrafter:
+    """EAGLE-1/2 drafter over a target: needs the target's features; tree nodes are never cached."""
+
+    needs_target_features = True
+
+    def __init__(self, head: EagleHead, target_model: nn.Module):
+        hidden = target_model.config.get_text_config().hidden_size
+        if head.config.hidden_size != hidden:
+            raise ValueError(f"drafter: EAGLE head hidden_size {head.config.hidden_size} != target hidden_size {hidden}")
+        if final_norm(target_model) is None:
+            raise ValueError(f"target: cannot find the final norm of {type(target_model).__name__} for EAGLE features")
+        self.head = head
+        self.embed_tokens = target_model.get_input_embeddings()
+        self.lm_head = target_model.get_output_embeddings()
+        self.vocab_size = output_vocab_size(target_model)
+        self.device = model_device(head)
+        self.draft_forwards = 0
+        self.runner: ModelRunner | None = None
+
+    @classmethod
+    def for_target(cls, target, **config_overrides) -> EagleDrafter:
+        """A freshly initialised head sized for `target` (an HF model or a specmm target adapter)."""
+        model = getattr(target, "model", target) if not isinstance(target, nn.Module) else target
+        config = head_config_for(model, **config_overrides)
+        config._attn_implementation = "sdpa"
+        ref = next(model.parameters())
+        head = EagleHead(config).to(device=ref.device, dtype=ref.dtype)
+        return cls(head, model)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target) -> EagleDrafter:
+        """Load a head saved by `save_pretrained` or an upstream EAGLE-1/2 checkpoint folder."""
+        path = Path(path)
+        model = getattr(target, "model", target) if not isinstance(target, nn.Module) else target
+        if not (path / "config.json").is_file():
+            raise ValueError(f"path: {path} has no config.json (expected an EAGLE checkpoint folder)")
+        config = LlamaConfig.from_dict(json.loads((path / "config.json").read_text()))
+        if getattr(config, "qkv_bias", False) or getattr(config, "bias", False):
+            config.attention_bias = True
+        config._attn_implementation = "sdpa"
+        if (path / "model.safetensors").is_file():
+            state = load_file(path / "model.safetensors")
+        elif (path / "pytorch_model.bin").is_file():
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise ValueError(f"path: {path} has neither model.safetensors nor pytorch_model.bin")
+        head = EagleHead(config)
+        head.load_upstream_state_dict(state)
+        ref = next(model.parameters())
+        return cls(head.to(device=ref.device, dtype=ref.dtype), model)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        config = self.head.config.to_dict()
+        config.pop("_attn_implementation_internal", None)
+        (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        state = {k: v.detach().contiguous().cpu() for k, v in self.head.upstream_state_dict().items()}
+        save_file(state, path / "model.safetensors", metadata={"format": "pt", "layout": "eagle"})
+
+    def check_spec(self, spec: TreeSpec) -> None:
+        return None
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+        batch, length = input_ids.shape
+        self.runner = ModelRunner(self.head, batch)
+        self.draft_forwards = 0
+        hidden = self.head.config.hidden_size
+        valid = attention_mask.bool()
+        if length == 1:
+            features = torch.zeros(batch, 1, hidden, device=input_ids.device, dtype=self.lm_head.weight.dtype)
+            self._set_pending(input_ids, features, valid)
+            return
+        # pair (f_{t-1}, x_t) for t = 1..L-1; a row whose prompt is one token gets (0, x_0)
+        pairs_valid = valid[:, 1:] & valid[:, :-1]
+        lone = ~pairs_valid.any(1)
+        features = target_features.clone()
+        features[lone, -1] = 0
+        pairs_valid[lone, -1] = True
+        self._set_pending(input_ids[:, 1:], features, pairs_valid)
+
+    def _set_pending(self, tokens: Tensor, features: Tensor, valid: Tensor) -> None:
+        self.pending_tokens, self.pending_features, self.pending_valid = tokens, features, valid
+
+    @torch.no_grad()
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        rows = torch.arange(roots.shape[0], device=roots.device)
+        out = self.runner.extend(self.pending_valid, token_embeds=self.embed_tokens(self.pending_tokens),
+                                 features=self.pending_features)
+        self.draft_forwards += 1
+        root_hidden = out.last_hidden_state[rows, self.pending_valid.sum(1) - 1]  # [B, H]
+        root_position = self.runner.cache.lengths - 1
+        slot_hidden: list[Tensor] = []  # [B, n, H] per block of round slots
+        slot_depth: list[Tensor] = []
+
+        def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
+            index = parent_slots.clamp_min(0)
+            has_parent = (parent_slots >= 0)[:, :, None]
+            parent_hidden = root_hidden[:, None, :].expand(*tokens.shape, -1)
+            depth = torch.ones_like(tokens)
+            if slot_hidden:
+                known = torch.cat(slot_hidden, 1)
+                gathered = known.gather(1, index[:, :, None].expand(*index.shape, known.shape[-1]))
+                parent_hidden = torch.where(has_parent, gathered, parent_hidden)
+                depth = torch.where(parent_slots >= 0, torch.cat(slot_depth, 1).gather(1, index), 0) + 1
+            self.draft_forwards += 1
+            out = self.runner.forward_children(parent_slots, root_position[:, None] + depth,
+                                               token_embeds=self.embed_tokens(tokens), features=parent_hidden)
+            slot_hidden.append(out.last_hidden_state)
+            slot_depth.append(depth)
+            return self.lm_head(out.last_hidden_state)
+
+        tree = grow_tree(spec, roots, self.lm_head(root_hidden), expand, sampling, generators)
+        self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
+        return tree
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        steps = torch.arange(result.path.shape[1], device=result.path.device)
+        self._set_pending(accepted_tokens(tree, result), path_features,
+                          steps[None, :] <= result.num_accepted[:, None])
+
+    def select_rows(self, rows: Tensor) -> None:
+        self.runner.cache.select_rows(rows)
+        self._set_pending(self.pending_tokens[rows], self.pending_features[rows], self.pending_valid[rows])

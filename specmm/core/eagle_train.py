@@ -1,0 +1,137 @@
+"""Distil an EAGLE head from its target: target features are computed on the fly, nothing is stored.
+
+Loss per position (EAGLE-1/2): SmoothL1(predicted feature, next target feature)
++ ce_weight * cross-entropy(LM head of the prediction, softmax of the LM head of the true feature).
+Input features get uniform noise, as upstream, so the head tolerates its own imperfect predictions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from specmm.core.eagle import EagleDrafter
+from specmm.core.target import final_norm
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EagleTrainConfig:
+    steps: int = 1000
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    feature_noise: float = 0.2  # width of the uniform noise added to input features
+    ce_weight: float = 0.1
+    grad_clip: float = 0.5
+    checkpoint_every: int = 200
+
+
+def target_features(target_model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, L] -> [B, L, H] last-layer features (the final norm's output), without the full LM head."""
+    norm = final_norm(target_model)
+    if norm is None:
+        raise ValueError(f"target: cannot find the final norm of {type(target_model).__name__}")
+    captured = {}
+    hook = norm.register_forward_hook(lambda module, args, out: captured.__setitem__("features", out))
+    try:
+        with torch.no_grad():
+            target_model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return captured["features"]
+
+
+def eagle_loss(drafter: EagleDrafter, features: Tensor, input_ids: Tensor, attention_mask: Tensor,
+               config: EagleTrainConfig) -> Tensor:
+    """Teacher-forced loss: pair t = (f_t, x_{t+1}) predicts f_{t+1}."""
+    inputs = features[:, :-1]
+    if config.feature_noise:
+        inputs = inputs + (torch.rand_like(inputs) - 0.5) * config.feature_noise
+    head_mask = attention_mask[:, 1:] * attention_mask[:, :-1]  # [B, L-1] pairs made of real tokens
+    out = drafter.head(drafter.embed_tokens(input_ids[:, 1:]), inputs, attention_mask=head_mask)
+    predicted, wanted = out.last_hidden_state, features[:, 1:]
+    weight = head_mask.to(predicted.dtype)[..., None]
+    count = weight.sum().clamp_min(1.0)
+    regression = (F.smooth_l1_loss(predicted, wanted, reduction="none") * weight).sum() / (count * wanted.shape[-1])
+    with torch.no_grad():
+        soft_labels = drafter.lm_head(wanted).float().softmax(-1)
+    log_probs = drafter.lm_head(predicted).float().log_softmax(-1)
+    cross_entropy = -((soft_labels * log_probs).sum(-1) * weight[..., 0]).sum() / count
+    return regression + config.ce_weight * cross_entropy
+
+
+def _batches(data: Iterable) -> Iterator[tuple[Tensor, Tensor]]:
+    while True:
+        empty = True
+        for item in data:
+            empty = False
+            ids, mask = item if isinstance(item, (tuple, list)) else (item, torch.ones_like(item))
+            yield ids, mask
+        if empty:
+            raise ValueError("batches: the dataset yielded nothing")
+
+
+def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterable, config: EagleTrainConfig | None = None,
+                *, checkpoint_dir: str | Path | None = None, progress: bool = True) -> list[float]:
+    """Train `drafter.head` for `config.steps` steps over `batches` (LongTensor [B, L] or (ids, mask)), cycling.
+
+    With `checkpoint_dir`, the head and optimiser are saved every `checkpoint_every` steps and a later call
+    resumes from the last checkpoint. Returns the loss of every step run by this call.
+    """
+    config = config or EagleTrainConfig()
+    params = [p for p in drafter.head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
+    start = _resume(drafter, optimizer, schedule, checkpoint_dir)
+    device = next(drafter.head.parameters()).device
+    target_model.eval()
+    drafter.head.train()
+    losses = []
+    data = _batches(batches)
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="eagle", disable=not progress)
+    for step in bar:
+        ids, mask = (t.to(device) for t in next(data))
+        loss = eagle_loss(drafter, target_features(target_model, ids, mask), ids, mask, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(params, config.grad_clip)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if checkpoint_dir is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            _save(drafter, optimizer, schedule, step + 1, checkpoint_dir)
+    drafter.head.eval()
+    return losses
+
+
+def _save(drafter, optimizer, schedule, step: int, checkpoint_dir) -> None:
+    path = Path(checkpoint_dir)
+    drafter.save_pretrained(path)
+    state = {"step": step, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
+    torch.save(state, path / "trainer_state.pt.tmp")
+    (path / "trainer_state.pt.tmp").replace(path / "trainer_state.pt")  # atomic: a kill never leaves half a file
+
+
+def _resume(drafter, optimizer, schedule, checkpoint_dir) -> int:
+    if checkpoint_dir is None or not (Path(checkpoint_dir) / "trainer_state.pt").is_file():
+        return 0
+    path = Path(checkpoint_dir)
+    drafter.head.load_upstream_state_dict(load_file(path / "model.safetensors", device=str(drafter.device)))
+    state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    logger.info("resumed EAGLE training from %s at step %d", path, state["step"])
+    return int(state["step"])
+

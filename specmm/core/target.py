@@ -1,0 +1,206 @@
+"""Targets: the protocol the engine verifies against, and the adapter for stock HF causal LMs.
+
+`ModelRunner` is the one place a stock HF decoder is run over a `RowCache`: every forward passes a custom
+4-D attention mask and explicit position ids, so trees, ragged rows and left padding need no patched
+modeling code. Drafters built on HF models (`ModelDrafter`, `EagleDrafter`) reuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from specmm.core.cache import RowCache
+from specmm.core.tree import DraftTree
+
+TREE_ATTENTION_BACKENDS = ("sdpa", "eager")
+
+
+def attention_backend(model: nn.Module) -> str:
+    """The model's attention implementation, checked to accept custom 4-D masks."""
+    backend = getattr(model.config, "_attn_implementation", None) or "eager"
+    if backend not in TREE_ATTENTION_BACKENDS:
+        raise ValueError(
+            f"model: attn_implementation {backend!r} cannot take tree attention masks; load the model with "
+            f"attn_implementation='sdpa' (or 'eager')")
+    return backend
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def output_vocab_size(model: nn.Module) -> int:
+    """Width of the logits the model produces (the LM head's rows, which may exceed config.vocab_size)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return head.weight.shape[0]
+    return model.config.get_text_config().vocab_size
+
+
+def final_norm(model: nn.Module) -> nn.Module | None:
+    """The decoder's last norm, whose output is the 'feature' EAGLE-style drafters read."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    for name in ("norm", "final_layernorm", "norm_f", "ln_f"):
+        module = getattr(decoder, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+class ModelRunner:
+    """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
+
+    def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None):
+        self.model = model
+        self.backend = attention_backend(model)
+        text_config = model.config.get_text_config()
+        window = getattr(text_config, "sliding_window", None)
+        if window is not None and getattr(text_config, "use_sliding_window", True) is False:
+            window = None
+        self.cache = RowCache(batch, model_device(model), sliding_window=window)
+        self._captured: Tensor | None = None
+        self._hook = capture.register_forward_hook(self._capture) if capture is not None else None
+
+    def _capture(self, module, args, output) -> None:
+        self._captured = output[0] if isinstance(output, tuple) else output
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    @property
+    def captured(self) -> Tensor | None:
+        """Output of the capture module in the last forward ([B, n, H])."""
+        return self._captured
+
+    def forward(self, positions: Tensor, attend: Tensor, **inputs: Any):
+        """Run n new round slots. positions: [B, n]; attend: [B, n, R + n] over the round's slots."""
+        mask = self.cache.open_slots(positions, attend)
+        if self.backend == "eager":
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        return self.model(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache,
+                          use_cache=True, **inputs)
+
+    def forward_children(self, parent_slots: Tensor, positions: Tensor, **inputs: Any):
+        """Run n new slots, each seeing its parent slot's view plus itself (-1 = only the committed prefix)."""
+        return self.forward(positions, self.cache.round_attend(parent_slots), **inputs)
+
+    def extend(self, valid: Tensor, **inputs: Any):
+        """Run and commit a ragged block of certain tokens: row b keeps the entries where valid[b] is True.
+
+        valid: [B, P] bool. Kept entries see the committed prefix and the earlier kept entries; the others
+        see only themselves and are dropped.
+        """
+        batch, width = valid.shape
+        positions = (self.cache.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+        causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+        eye = torch.eye(width, dtype=torch.bool, device=valid.device)
+        attend = (causal & valid[:, None, :] & valid[:, :, None]) | eye
+        out = self.forward(positions, attend, **inputs)
+        kept_first = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, P] kept slots first
+        self.cache.commit(kept_first, valid.sum(1))
+        return out
+
+
+@dataclass
+class TargetOutput:
+    logits: Tensor  # [B, n, V]
+    features: Tensor | None  # [B, n, H] last-layer features (after the final norm) when requested
+
+
+@runtime_checkable
+class Target(Protocol):
+    """What the engine needs from a target model. Rows are per-sequence; trees are verified in one forward."""
+
+    vocab_size: int
+    device: torch.device
+
+    def start(self, batch: int, need_features: bool) -> None:
+        """Reset per-generation state for `batch` rows."""
+        ...
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
+        """Process a left-padded prompt block [B, L]; returns features [B, L, H] when they were requested."""
+        ...
+
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        """Run every tree node after the committed prefix; logits[:, i] is the distribution after node i."""
+        ...
+
+    def commit(self, path: Tensor, counts: Tensor) -> None:
+        """Keep tree nodes `path[b, :counts[b]]` (the root and accepted drafts) of the last verify."""
+        ...
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only these rows (finished rows stop costing compute)."""
+        ...
+
+
+class HFCausalLMTarget:
+    """Adapter for a stock HF causal LM (`*ForCausalLM`): no patched modeling files, just masks and positions."""
+
+    def __init__(self, model: nn.Module):
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise ValueError(f"target: {type(model).__name__} has no language-model head (expected a *ForCausalLM)")
+        attention_backend(model)
+        self.model = model
+        self.vocab_size = output_vocab_size(model)
+        self.device = model_device(model)
+        self.runner: ModelRunner | None = None
+
+    def start(self, batch: int, need_features: bool) -> None:
+        self.close()
+        self.runner = ModelRunner(self.model, batch, capture=final_norm(self.model) if need_features else None)
+        if need_features and self.runner._hook is None:
+            raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
+        if input_ids.shape[1] == 0:
+            return None
+        self.runner.extend(attention_mask.bool(), input_ids=input_ids, logits_to_keep=1)
+        return self.runner.captured
+
+    @torch.no_grad()
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        positions = self.runner.cache.lengths[:, None] + tree.depth  # [B, T]
+        out = self.runner.forward(positions, tree.ancestors, input_ids=tree.tokens)
+        return TargetOutput(logits=out.logits, features=self.runner.captured)
+
+    def commit(self, path: Tensor, counts: Tensor) -> None:
+        self.runner.cache.commit(path, counts)
+
+    def select_rows(self, rows: Tensor) -> None:
+        self.runner.cache.select_rows(rows)
+
+
+# Modality packages register adapters for models the plain HF adapter cannot serve (e.g. Mamba2 in `ssm`).
+_ADAPTERS: list[tuple[Callable[[Any], bool], Callable[[Any], Target]]] = []
+
+
+def register_target_adapter(matches: Callable[[Any], bool], build: Callable[[Any], Target]) -> None:
+    """Make `as_target` wrap models for which `matches(model)` is True with `build(model)`."""
+    _ADAPTERS.insert(0, (matches, build))
+
+
+def as_target(model: Any) -> Target:
+    """Wrap a model in its target adapter (a `Target` is returned as is)."""
+    if isinstance(model, Target) and not isinstance(model, nn.Module):
+        return model
+    for matches, build in _ADAPTERS:
+        if matches(model):
+            return build(model)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"target: expected a HF causal LM or a specmm Target, got {type(model).__name__}")
+    return HFCausalLMTarget(model)

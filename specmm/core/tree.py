@@ -1,0 +1,275 @@
+"""Draft trees: the spec a user picks, the per-row tree a drafter builds, and the tensors verification needs.
+
+Node 0 of every tree is the root: the pending token the target has chosen but not yet processed. Draft
+nodes follow in topological order (a parent always has a smaller index than its children), so masks,
+paths and child tables are built level by level with tensor ops, never by a loop over nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Shape of the draft each round: a chain, a fixed (Medusa/EAGLE) tree, or an EAGLE-2 dynamic tree."""
+
+    kind: str
+    depth: int
+    top_k: int = 1
+    total_tokens: int = 0
+    choices: tuple[tuple[int, ...], ...] = ()
+
+    @classmethod
+    def chain(cls, k: int) -> TreeSpec:
+        """`k` draft tokens in a line (sampled drafts when sampling, argmax drafts when greedy)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"TreeSpec.chain: k must be an integer >= 1, got {k!r}")
+        return cls(kind="chain", depth=k, total_tokens=k + 1)
+
+    @classmethod
+    def static(cls, choices: Sequence[Sequence[int]]) -> TreeSpec:
+        """A fixed tree from paths of sibling ranks, e.g. `[[0], [1], [0, 0]]` (Medusa/EAGLE choice lists)."""
+        paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda p: (len(p), p))
+        if not paths:
+            raise ValueError("TreeSpec.static: choices must hold at least one path")
+        known = set(paths)
+        for p in paths:
+            if len(p) == 0 or min(p) < 0:
+                raise ValueError(f"TreeSpec.static: choice {list(p)} must be a non-empty list of ranks >= 0")
+            if len(p) > 1 and p[:-1] not in known:
+                raise ValueError(f"TreeSpec.static: choice {list(p)} needs its parent {list(p[:-1])} in choices")
+        top_k = max(p[-1] for p in paths) + 1
+        return cls(kind="static", depth=max(map(len, paths)), top_k=top_k, total_tokens=len(paths) + 1,
+                   choices=tuple(paths))
+
+    @classmethod
+    def dynamic(cls, depth: int = 6, top_k: int = 8, total_tokens: int = 60) -> TreeSpec:
+        """EAGLE-2: expand the top-k frontier by cumulative log-probability, keep the best `total_tokens` nodes
+        (root included)."""
+        for name, v in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TreeSpec.dynamic: {name} must be an integer >= 1, got {v!r}")
+        pool = top_k + (depth - 1) * top_k * top_k
+        if not 2 <= total_tokens <= pool + 1:
+            raise ValueError(f"TreeSpec.dynamic: total_tokens must be in [2, {pool + 1}] for depth={depth}, "
+                             f"top_k={top_k}, got {total_tokens}")
+        return cls(kind="dynamic", depth=depth, top_k=top_k, total_tokens=total_tokens)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes per tree, root included."""
+        return self.total_tokens
+
+    @property
+    def max_children(self) -> int:
+        return 1 if self.kind == "chain" else self.top_k
+
+    @cached_property
+    def static_layout(self) -> tuple[list[int], list[int], list[int]]:
+        """(parent, sibling rank, depth) per node of a static tree, root first."""
+        index = {(): 0}
+        parents, ranks, depths = [-1], [0], [0]
+        for i, path in enumerate(self.choices, start=1):
+            index[path] = i
+            parents.append(index[path[:-1]])
+            ranks.append(path[-1])
+            depths.append(len(path))
+        return parents, ranks, depths
+
+
+@dataclass
+class DraftTree:
+    """One draft tree per row. Padding nodes (`valid` False) are ignored by verification."""
+
+    tokens: Tensor  # [B, T] node 0 is the root
+    parents: Tensor  # [B, T] parent node index, -1 at the root
+    depth: Tensor  # [B, T]
+    valid: Tensor  # [B, T] bool
+    max_depth: int
+    max_children: int
+    draft_probs: Tensor | None = None  # [B, T, V] distribution each node was sampled from; None = point masses
+    node_slots: Tensor | None = field(default=None, repr=False)  # [B, T] drafter round slot per node, -1 if none
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @cached_property
+    def ancestors(self) -> Tensor:
+        """[B, T, T] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+        return ancestor_mask(self.parents, self.depth, self.max_depth)
+
+    @cached_property
+    def children(self) -> Tensor:
+        """[B, T, C] child node indices in sibling order, -1 where a node has fewer than C children."""
+        return children_table(self.parents, self.valid, self.max_children)
+
+    def path_to(self, node: Tensor) -> Tensor:
+        """[B] node -> [B, max_depth + 1] the node's ancestor at each depth, root first (0 past its depth)."""
+        rows = self.ancestors[torch.arange(node.shape[0], device=node.device), node]  # [B, T]
+        levels = torch.arange(self.max_depth + 1, device=node.device)
+        at_level = rows[:, None, :] & (self.depth[:, None, :] == levels[None, :, None])  # [B, D+1, T]
+        return at_level.to(torch.uint8).argmax(-1)
+
+
+def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:
+    """[B, T] parents/depth -> [B, T, T] ancestor-or-self mask, one tensor op per level."""
+    batch, nodes = parents.shape
+    eye = torch.eye(nodes, dtype=torch.bool, device=parents.device).expand(batch, nodes, nodes)
+    mask = eye.clone()
+    parent_rows = parents.clamp_min(0)[:, :, None].expand(batch, nodes, nodes)
+    for level in range(1, max_depth + 1):
+        inherited = mask.gather(1, parent_rows) | eye
+        mask = torch.where((depth == level)[:, :, None], inherited, mask)
+    return mask
+
+
+def children_table(parents: Tensor, valid: Tensor, max_children: int) -> Tensor:
+    """[B, T] parents -> [B, T, C] children in index order; extra children beyond C are dropped."""
+    batch, nodes = parents.shape
+    idx = torch.arange(nodes, device=parents.device)
+    earlier_sibling = (parents[:, :, None] == parents[:, None, :]) & valid[:, None, :] & (idx[None, :] < idx[:, None])
+    rank = earlier_sibling.sum(-1)  # [B, T]
+    placed = valid & (parents >= 0) & (rank < max_children)
+    row = torch.where(placed, parents, nodes)  # dump row T for roots and padding
+    col = torch.where(placed, rank, max_children)  # dump column C
+    table = torch.full((batch, (nodes + 1) * (max_children + 1)), -1, dtype=torch.long, device=parents.device)
+    table.scatter_(1, row * (max_children + 1) + col, idx.expand(batch, nodes).contiguous())
+    return table.view(batch, nodes + 1, max_children + 1)[:, :nodes, :max_children]
+
+
+# --------------------------------------------------------------------------------------------- builders
+
+Expand = Callable[[Tensor, Tensor], Tensor]
+"""`expand(tokens [B, n], parent_slots [B, n]) -> logits [B, n, V]`: run the drafter on n new nodes.
+
+Every call appends n drafter round slots (numbered from 0 within the round); `parent_slots` names the
+slot of each node's parent, or -1 when the parent is the root (whose logits the builder already has).
+"""
+
+
+def grow_tree(spec: TreeSpec, roots: Tensor, root_logits: Tensor, expand: Expand,
+              sampling: SamplingConfig, generators: Generators = None) -> DraftTree:
+    """Build a [B] batch of draft trees under `roots` from a drafter step function."""
+    if spec.kind == "chain":
+        return _grow_chain(spec, roots, root_logits, expand, sampling, generators)
+    if spec.kind == "static":
+        return _grow_static(spec, roots, root_logits, expand)
+    return _grow_dynamic(spec, roots, root_logits, expand)
+
+
+def _grow_chain(spec, roots, root_logits, expand, sampling, generators) -> DraftTree:
+    """Sampled drafts (with their distributions) when sampling, argmax drafts when greedy."""
+    batch, k, device = roots.shape[0], spec.depth, roots.device
+    tokens, probs = [roots], []
+    logits = root_logits
+    for level in range(1, k + 1):
+        if sampling.greedy:
+            token = logits.argmax(-1)
+        else:
+            draft_probs = process_logits(logits, sampling)  # [B, V]
+            token = sample(draft_probs, generators)
+            probs.append(draft_probs)
+        tokens.append(token)
+        if level < k:
+            parent_slot = torch.full((batch, 1), level - 2, device=device)
+            logits = expand(token[:, None], parent_slot)[:, 0]
+    nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
+    slots = torch.where((nodes >= 1) & (nodes < k), nodes - 1, -1)
+    draft_probs = None
+    if probs:
+        draft_probs = torch.stack([torch.zeros_like(probs[0])] + probs, dim=1)  # [B, k+1, V]
+    return DraftTree(tokens=torch.stack(tokens, 1), parents=nodes - 1, depth=nodes.clone(),
+                     valid=torch.ones_like(nodes, dtype=torch.bool), max_depth=k, max_children=1,
+                     draft_probs=draft_probs, node_slots=slots)
+
+
+def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
+    """Node i takes the rank-th best token of its parent; only nodes with children are run."""
+    parents, ranks, depths = spec.static_layout
+    batch, nodes, device = roots.shape[0], len(parents), roots.device
+    has_children = [False] * nodes
+    for p in parents[1:]:
+        has_children[p] = True
+    candidates = torch.zeros(batch, nodes, spec.top_k, dtype=torch.long, device=device)  # [B, T, K]
+    candidates[:, 0] = root_logits.topk(spec.top_k, dim=-1).indices
+    tokens = torch.zeros(batch, nodes, dtype=torch.long, device=device)
+    tokens[:, 0] = roots
+    slots = [-1] * nodes
+    next_slot = 0
+    for level in range(1, spec.depth + 1):
+        level_nodes = [i for i in range(nodes) if depths[i] == level]
+        node_idx = torch.tensor(level_nodes, device=device)
+        parent_idx = torch.tensor([parents[i] for i in level_nodes], device=device)
+        rank_idx = torch.tensor([ranks[i] for i in level_nodes], device=device)
+        tokens[:, node_idx] = candidates[:, parent_idx, rank_idx]
+        run = [i for i in level_nodes if has_children[i]]
+        if run:
+            parent_slots = torch.tensor([slots[parents[i]] for i in run], device=device).expand(batch, -1)
+            logits = expand(tokens[:, run], parent_slots)  # [B, n, V]
+            candidates[:, run] = logits.topk(spec.top_k, dim=-1).indices
+            for i in run:
+                slots[i] = next_slot
+                next_slot += 1
+    as_tensor = lambda xs: torch.tensor(xs, device=device).expand(batch, nodes).contiguous()  # noqa: E731
+    return DraftTree(tokens=tokens, parents=as_tensor(parents), depth=as_tensor(depths),
+                     valid=torch.ones(batch, nodes, dtype=torch.bool, device=device), max_depth=spec.depth,
+                     max_children=spec.top_k, node_slots=as_tensor(slots))
+
+
+def _grow_dynamic(spec, roots, root_logits, expand) -> DraftTree:
+    """EAGLE-2: a top-k frontier per level scored by cumulative log-prob, then the global best nodes."""
+    batch, k, device = roots.shape[0], spec.top_k, roots.device
+    scores, tokens = root_logits.float().log_softmax(-1).topk(k, dim=-1)  # [B, K]
+    pool_tokens, pool_scores = [tokens], [scores]
+    pool_parent = [torch.full((batch, k), -1, device=device)]  # pool index of the parent, -1 = root
+    pool_depth = [torch.ones(batch, k, dtype=torch.long, device=device)]
+    pool_slot = [torch.full((batch, k), -1, device=device)]
+    frontier = torch.arange(k, device=device).expand(batch, k)  # [B, K] pool indices
+    frontier_parent_slots = torch.full((batch, k), -1, device=device)
+    pool_size, next_slot = k, 0
+    frontier_level, frontier_offset = 0, 0  # where the frontier nodes sit in the pool
+    for level in range(2, spec.depth + 1):
+        logits = expand(tokens, frontier_parent_slots)  # [B, K, V]
+        frontier_slots = torch.arange(next_slot, next_slot + k, device=device).expand(batch, k)
+        next_slot += k
+        pool_slot[frontier_level].scatter_(1, frontier - frontier_offset, frontier_slots)
+        child_scores, child_tokens = logits.float().log_softmax(-1).topk(k, dim=-1)  # [B, K, K]
+        cumulative = (scores[:, :, None] + child_scores).flatten(1)  # [B, K*K]
+        pool_tokens.append(child_tokens.flatten(1))
+        pool_scores.append(cumulative)
+        pool_parent.append(frontier.repeat_interleave(k, dim=1))
+        pool_depth.append(torch.full((batch, k * k), level, device=device))
+        pool_slot.append(torch.full((batch, k * k), -1, device=device))
+        scores, best = cumulative.topk(k, dim=-1)  # next frontier
+        tokens = child_tokens.flatten(1).gather(1, best)
+        frontier_parent_slots = frontier_slots.gather(1, best // k)
+        frontier = pool_size + best
+        frontier_level, frontier_offset = len(pool_slot) - 1, pool_size
+        pool_size += k * k
+    all_scores = torch.cat(pool_scores, 1)
+    # stable sort keeps pool order (hence parents before children) among equal scores
+    keep = all_scores.sort(dim=-1, descending=True, stable=True).indices[:, : spec.total_tokens - 1]
+    keep = keep.sort(dim=-1).values  # [B, N] pool indices in topological order
+    tree_index = torch.full((batch, pool_size), -1, device=device)
+    tree_index.scatter_(1, keep, torch.arange(1, keep.shape[1] + 1, device=device).expand_as(keep).contiguous())
+    parent_pool = torch.cat(pool_parent, 1).gather(1, keep)
+    parents = torch.where(parent_pool < 0, 0, tree_index.gather(1, parent_pool.clamp_min(0)))
+    zero = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    return DraftTree(
+        tokens=torch.cat([roots[:, None], torch.cat(pool_tokens, 1).gather(1, keep)], 1),
+        parents=torch.cat([zero - 1, parents], 1),
+        depth=torch.cat([zero, torch.cat(pool_depth, 1).gather(1, keep)], 1),
+        valid=torch.ones(batch, keep.shape[1] + 1, dtype=torch.bool, device=device),
+        max_depth=spec.depth, max_children=k,
+        node_slots=torch.cat([zero - 1, torch.cat(pool_slot, 1).gather(1, keep)], 1),
+    )
+

@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random-weight HF models of several architectures, built from configs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import (
+    GemmaConfig,
+    GemmaForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 96
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+               pad_token_id=0)
+
+ARCHITECTURES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 12}),  # window shorter than the runs
+    "gemma": (GemmaConfig, GemmaForCausalLM, {"head_dim": 8, "tie_word_embeddings": False}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {}),
+}
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, logit_scale: float = 1.0,
+               **overrides):
+    """A tiny random-weight model of `arch`; `logit_scale` sharpens its distributions."""
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    config = config_cls(**{**_COMMON, **extra, "vocab_size": vocab, **overrides})
+    config._attn_implementation = overrides.pop("attn_implementation", "sdpa")
+    torch.manual_seed(seed)
+    model = model_cls(config).to(dtype).eval()
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(logit_scale)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def perturbed_copy(model, scale: float, seed: int = 123):
+    """A copy of `model` with Gaussian noise (relative to each tensor's std) on every weight."""
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype)
+            p.add_(noise * scale * (p.std() if p.numel() > 1 else 1.0))
+    return other
+
+
+def left_padded_batch(lengths, vocab: int = VOCAB, seed: int = 0):
+    """Random prompts of the given lengths, left-padded with 0 -> (input_ids [B, L], attention_mask [B, L])."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n:] = torch.randint(1, vocab, (n,), generator=gen)
+        mask[row, width - n:] = 1
+    return ids, mask
+
+
+@pytest.fixture
+def llama():
+    return tiny_model("llama")
+
+
+# ------------------------------------------------------------------ acceptance report in the test output
+
+ACCEPTANCE_REPORT: list[tuple[str, float, list[int]]] = []
+
+
+def report_acceptance(case: str, stats) -> None:
+    """Record a case's mean accepted length and histogram for the end-of-run summary."""
+    ACCEPTANCE_REPORT.append((case, stats.mean_accepted, stats.accepted_histogram))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not ACCEPTANCE_REPORT:
+        return
+    terminalreporter.section("acceptance reached (mean tokens per target forward; histogram of accepted drafts)")
+    for case, mean, histogram in ACCEPTANCE_REPORT:
+        terminalreporter.write_line(f"{case:<44} {mean:6.3f}  {histogram}")

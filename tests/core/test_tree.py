@@ -1,0 +1,110 @@
+"""Tree tensors match brute force; the dynamic builder is EAGLE-2's selection."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import specmm
+from specmm.core.sampling import SamplingConfig
+from specmm.core.tree import DraftTree, grow_tree
+
+
+def random_tree(batch=3, nodes=9, seed=0) -> DraftTree:
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.full((batch, nodes), -1)
+    depth = torch.zeros(batch, nodes, dtype=torch.long)
+    for b, i in itertools.product(range(batch), range(1, nodes)):
+        parents[b, i] = torch.randint(0, i, (1,), generator=gen)
+        depth[b, i] = depth[b, parents[b, i]] + 1
+    return DraftTree(tokens=torch.randint(0, 50, (batch, nodes), generator=gen), parents=parents, depth=depth,
+                     valid=torch.ones(batch, nodes, dtype=torch.bool), max_depth=int(depth.max()), max_children=nodes)
+
+
+def ancestors_brute(parents_row):
+    out = []
+    for i in range(len(parents_row)):
+        chain, j = {i}, i
+        while parents_row[j] >= 0:
+            j = int(parents_row[j])
+            chain.add(j)
+        out.append(chain)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ancestor_mask_children_and_paths_match_brute_force(seed):
+    tree = random_tree(seed=seed)
+    for b in range(tree.tokens.shape[0]):
+        parents = tree.parents[b].tolist()
+        for i, chain in enumerate(ancestors_brute(parents)):
+            assert set(tree.ancestors[b, i].nonzero().flatten().tolist()) == chain
+            kids = [j for j in range(len(parents)) if parents[j] == i]
+            assert [c for c in tree.children[b, i].tolist() if c >= 0] == kids
+            path = tree.path_to(torch.full((tree.tokens.shape[0],), i))[b, : tree.depth[b, i] + 1].tolist()
+            assert path == sorted(chain)
+
+
+def test_static_spec_orders_paths_and_links_parents():
+    spec = specmm.TreeSpec.static([[1, 0], [0], [1], [0, 0], [0, 0, 2], [0, 0, 0], [0, 0, 1]])
+    parents, ranks, depths = spec.static_layout
+    assert [list(c) for c in spec.choices] == [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 2]]
+    assert parents == [-1, 0, 0, 1, 2, 3, 3, 3] and ranks == [0, 0, 1, 0, 0, 0, 1, 2]
+    assert depths == [0, 1, 1, 2, 2, 3, 3, 3] and spec.num_nodes == 8 and spec.top_k == 3
+
+
+class TableDrafter:
+    """A drafter whose logits depend only on the node's token: logits = table[token]."""
+
+    def __init__(self, vocab=12, seed=0):
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+        self.calls = 0
+
+    def expand(self, tokens, parent_slots):
+        self.calls += 1
+        return self.table[tokens]
+
+
+def eagle2_reference(table, root, depth, top_k, total):
+    """EAGLE-2 by brute force: frontier of top-k cumulative scores per level, then the global best nodes."""
+    logp = table.log_softmax(-1)
+    pool = []  # (score, path)
+    frontier = [(0.0, (root,))]
+    for level in range(1, depth + 1):
+        candidates = []
+        for score, path in frontier:
+            values, tokens = logp[path[-1]].topk(top_k)
+            candidates += [(score + v.item(), path + (t.item(),)) for v, t in zip(values, tokens)]
+        pool += candidates
+        frontier = sorted(candidates, key=lambda c: -c[0])[:top_k]
+    best = sorted(pool, key=lambda c: -c[0])[: total - 1]
+    return {path[1:] for _, path in best}
+
+
+@pytest.mark.parametrize("depth, top_k, total", [(3, 2, 7), (4, 3, 14), (2, 4, 20)])
+def test_dynamic_tree_is_eagle2_selection(depth, top_k, total):
+    drafter = TableDrafter()
+    roots = torch.tensor([3, 7])
+    spec = specmm.TreeSpec.dynamic(depth=depth, top_k=top_k, total_tokens=total)
+    tree = grow_tree(spec, roots, drafter.table[roots], drafter.expand, SamplingConfig(0.0))
+    assert drafter.calls == depth - 1 and tree.num_nodes == total
+    for b, root in enumerate(roots.tolist()):
+        paths = set()
+        for i in range(1, total):
+            path = tree.path_to(torch.full((2,), i))[b, 1: tree.depth[b, i] + 1]
+            paths.add(tuple(tree.tokens[b, path].tolist()))
+        assert paths == eagle2_reference(drafter.table, root, depth, top_k, total)
+        assert (tree.parents[b, 1:] < torch.arange(1, total)).all()  # parents precede children
+
+
+def test_static_tree_takes_the_ranked_tokens_of_each_parent():
+    drafter = TableDrafter()
+    spec = specmm.TreeSpec.static([[0], [1], [0, 0], [0, 2], [1, 1]])
+    roots = torch.tensor([5])
+    tree = grow_tree(spec, roots, drafter.table[roots], drafter.expand, SamplingConfig(0.0))
+    ranked = lambda token: drafter.table[token].topk(3).indices.tolist()  # noqa: E731
+    first, second = ranked(5)[0], ranked(5)[1]
+    assert tree.tokens[0].tolist() == [5, first, second, ranked(first)[0], ranked(first)[2], ranked(second)[1]]
+    assert drafter.calls == 1  # one run for the level with children; the leaves at depth 2 never run
