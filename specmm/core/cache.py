@@ -17,10 +17,9 @@ from transformers import DynamicCache
 class RowCache:
     """A `DynamicCache` plus a committed length per row and the open round's slot positions."""
 
-    def __init__(self, batch: int, device: torch.device, sliding_window: int | None = None):
-        self.cache = DynamicCache()
+    def __init__(self, batch: int, device: torch.device):
+        self.cache = DynamicCache()  # no config: every layer keeps all its keys; windows are applied by masks
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed tokens per row
-        self.sliding_window = sliding_window
         self._round_positions: list[Tensor] = []  # [B, n] positions of each block of round slots
         self._round_attend: Tensor | None = None  # [B, R, R] which round slots each round slot sees
 
@@ -48,14 +47,20 @@ class RowCache:
         sees_committed = (slots[None, :] < self.lengths[:, None])[:, None, :].expand(batch, n, committed)
         mask = torch.cat([sees_committed, attend], dim=-1)  # [B, n, S]
         self._round_positions.append(positions)
-        if self.sliding_window is not None:
-            key_positions = torch.cat([slots.expand(batch, committed), *self._round_positions], dim=1)
-            mask = mask & (positions[:, :, None] - key_positions[:, None, :] < self.sliding_window)
         previous = self._round_attend
         grown = attend if previous is None else torch.cat(
             [torch.cat([previous, attend.new_zeros(batch, previous.shape[1], n)], -1), attend], 1)
         self._round_attend = grown
         return mask[:, None]
+
+    def windowed(self, mask: Tensor, window: int) -> Tensor:
+        """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
+        batch = mask.shape[0]
+        committed = mask.shape[-1] - self.round_length  # the new slots are registered but not yet run
+        keys = torch.cat([torch.arange(committed, device=mask.device).expand(batch, committed),
+                          *self._round_positions], dim=1)  # [B, S] position of every slot
+        queries = self._round_positions[-1]  # [B, n]
+        return mask & (queries[:, :, None] - keys[:, None, :] < window)[:, None]
 
     def round_attend(self, parent_slots: Tensor) -> Tensor:
         """[B, n] parent round slot (-1 = none) -> [B, n, R + n] attend rows: the parent's view plus self."""

@@ -55,6 +55,36 @@ def accepted_tokens(tree: DraftTree, result: AcceptResult) -> Tensor:
     return tokens.scatter(1, result.num_accepted[:, None], result.next_token[:, None])
 
 
+class RoundSlots:
+    """What a drafter ran this round, slot by slot: each slot's tree depth and, optionally, its hidden state."""
+
+    def __init__(self, root_hidden: Tensor | None = None):
+        self.root_hidden = root_hidden  # [B, H] hidden state at the root (parent of depth-1 nodes)
+        self._depth: list[Tensor] = []  # [B, n] per block of slots
+        self._hidden: list[Tensor] = []  # [B, n, H] per block of slots
+
+    def child_depth(self, parent_slots: Tensor) -> Tensor:
+        """[B, n] parent slots (-1 = root) -> depth of the children."""
+        if not self._depth:
+            return torch.ones_like(parent_slots)
+        known = torch.cat(self._depth, 1).gather(1, parent_slots.clamp_min(0))
+        return torch.where(parent_slots >= 0, known, 0) + 1
+
+    def parent_hidden(self, parent_slots: Tensor) -> Tensor:
+        """[B, n] parent slots -> [B, n, H] hidden states of the parents (the root's for -1)."""
+        root = self.root_hidden[:, None, :].expand(*parent_slots.shape, -1)
+        if not self._hidden:
+            return root
+        known = torch.cat(self._hidden, 1)
+        index = parent_slots.clamp_min(0)[:, :, None].expand(*parent_slots.shape, known.shape[-1])
+        return torch.where((parent_slots >= 0)[:, :, None], known.gather(1, index), root)
+
+    def add(self, depth: Tensor, hidden: Tensor | None = None) -> None:
+        self._depth.append(depth)
+        if hidden is not None:
+            self._hidden.append(hidden)
+
+
 def shift_left(values: Tensor, shift: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
     """Row b of [B, W, ...] -> its entries [shift[b], shift[b] + count[b]) moved to the front, and a [B, W]
     validity mask."""
@@ -102,13 +132,11 @@ class ModelDrafter:
         self.draft_forwards += 1
         root_logits = logits[rows, self.pending_valid.sum(1) - 1]  # [B, V]
         root_position = self.runner.cache.lengths - 1  # [B]
-        slot_depth: list[Tensor] = []  # [B, n] depth of each block of round slots
+        slots = RoundSlots()
 
         def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
-            known = torch.cat(slot_depth, 1) if slot_depth else tokens.new_zeros(tokens.shape[0], 0)
-            parent_depth = known.gather(1, parent_slots.clamp_min(0)) if known.shape[1] else parent_slots * 0
-            depth = torch.where(parent_slots >= 0, parent_depth, 0) + 1  # [B, n]
-            slot_depth.append(depth)
+            depth = slots.child_depth(parent_slots)  # [B, n]
+            slots.add(depth)
             self.draft_forwards += 1
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth, input_ids=tokens)
             return out.logits

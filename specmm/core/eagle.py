@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaModel
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.drafters import accepted_tokens
+from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import ModelRunner, final_norm, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
@@ -182,24 +182,15 @@ class EagleDrafter:
         self.draft_forwards += 1
         root_hidden = out.last_hidden_state[rows, self.pending_valid.sum(1) - 1]  # [B, H]
         root_position = self.runner.cache.lengths - 1
-        slot_hidden: list[Tensor] = []  # [B, n, H] per block of round slots
-        slot_depth: list[Tensor] = []
+        slots = RoundSlots(root_hidden)
 
         def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
-            index = parent_slots.clamp_min(0)
-            has_parent = (parent_slots >= 0)[:, :, None]
-            parent_hidden = root_hidden[:, None, :].expand(*tokens.shape, -1)
-            depth = torch.ones_like(tokens)
-            if slot_hidden:
-                known = torch.cat(slot_hidden, 1)
-                gathered = known.gather(1, index[:, :, None].expand(*index.shape, known.shape[-1]))
-                parent_hidden = torch.where(has_parent, gathered, parent_hidden)
-                depth = torch.where(parent_slots >= 0, torch.cat(slot_depth, 1).gather(1, index), 0) + 1
+            depth = slots.child_depth(parent_slots)  # [B, n]
             self.draft_forwards += 1
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth,
-                                               token_embeds=self.embed_tokens(tokens), features=parent_hidden)
-            slot_hidden.append(out.last_hidden_state)
-            slot_depth.append(depth)
+                                               token_embeds=self.embed_tokens(tokens),
+                                               features=slots.parent_hidden(parent_slots))
+            slots.add(depth, out.last_hidden_state)
             return self.lm_head(out.last_hidden_state)
 
         tree = grow_tree(spec, roots, self.lm_head(root_hidden), expand, sampling, generators)

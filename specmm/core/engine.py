@@ -141,6 +141,26 @@ class SpeculativeGenerator:
 
         target, drafter = self.target, self.drafter
         target.start(batch, need_features=drafter.needs_target_features)
+        try:
+            out, counts, rounds, histogram, stats = self._loop(
+                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer)
+        finally:
+            target.close()  # removes any feature hook from the user's model
+        if streamer is not None:
+            streamer.end()
+        _synchronize(device)
+        stats.wall_time_s = time.perf_counter() - started
+        stats.draft_forwards = drafter.draft_forwards
+        stats.new_tokens_per_row = counts.tolist()
+        stats.target_forwards_per_row = rounds.tolist()
+        stats.new_tokens = sum(stats.new_tokens_per_row)
+        stats.accepted_histogram = histogram.tolist()
+        width = int(counts.max())
+        return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
+
+    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer):
+        """Prefill, then draft -> verify -> accept -> commit until every row is done."""
+        target, drafter, device, batch = self.target, self.drafter, self.target.device, input_ids.shape[0]
         features = target.prefill(input_ids[:, :-1], attention_mask[:, :-1])
         drafter.start(input_ids, attention_mask, features)
         eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
@@ -181,18 +201,7 @@ class SpeculativeGenerator:
                 roots = roots[keep]
                 generators = select_generators(generators, keep.tolist())
                 active = active[keep]
-
-        if streamer is not None:
-            streamer.end()
-        _synchronize(device)
-        stats.wall_time_s = time.perf_counter() - started
-        stats.draft_forwards = drafter.draft_forwards
-        stats.new_tokens_per_row = counts.tolist()
-        stats.target_forwards_per_row = rounds.tolist()
-        stats.new_tokens = sum(stats.new_tokens_per_row)
-        stats.accepted_histogram = histogram.tolist()
-        width = int(counts.max())
-        return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
+        return out, counts, rounds, histogram, stats
 
     def _accept(self, tree, logits: Tensor, sampling: SamplingConfig, generators: Generators) -> AcceptResult:
         if sampling.greedy:

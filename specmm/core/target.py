@@ -52,17 +52,31 @@ def final_norm(model: nn.Module) -> nn.Module | None:
     return None
 
 
+def mask_layout(model: nn.Module) -> tuple[str, int | None]:
+    """('full' | 'sliding' | 'mixed', window): which attention masks the model's layers need."""
+    text = model.config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    if getattr(text, "use_sliding_window", True) is False:
+        window = None
+    layer_types = set(getattr(text, "layer_types", None) or [])
+    unsupported = layer_types - {"full_attention", "sliding_attention"}
+    if unsupported:
+        raise ValueError(f"model: layer types {sorted(unsupported)} are not supported by the HF target adapter")
+    if window is None or layer_types == {"full_attention"}:
+        return "full", None
+    if layer_types == {"full_attention", "sliding_attention"}:
+        return "mixed", window
+    return "sliding", window
+
+
 class ModelRunner:
     """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
 
     def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None):
         self.model = model
         self.backend = attention_backend(model)
-        text_config = model.config.get_text_config()
-        window = getattr(text_config, "sliding_window", None)
-        if window is not None and getattr(text_config, "use_sliding_window", True) is False:
-            window = None
-        self.cache = RowCache(batch, model_device(model), sliding_window=window)
+        self.layout, self.window = mask_layout(model)
+        self.cache = RowCache(batch, model_device(model))
         self._captured: Tensor | None = None
         self._hook = capture.register_forward_hook(self._capture) if capture is not None else None
 
@@ -81,12 +95,23 @@ class ModelRunner:
 
     def forward(self, positions: Tensor, attend: Tensor, **inputs: Any):
         """Run n new round slots. positions: [B, n]; attend: [B, n, R + n] over the round's slots."""
-        mask = self.cache.open_slots(positions, attend)
-        if self.backend == "eager":
-            dtype = next(self.model.parameters()).dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        full = self.cache.open_slots(positions, attend)
+        if self.layout == "full":
+            mask = self._format(full)
+        elif self.layout == "sliding":
+            mask = self._format(self.cache.windowed(full, self.window))
+        else:  # one mask per layer type, as HF models with mixed layers accept
+            mask = {"full_attention": self._format(full),
+                    "sliding_attention": self._format(self.cache.windowed(full, self.window))}
         return self.model(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache,
                           use_cache=True, **inputs)
+
+    def _format(self, mask: Tensor) -> Tensor:
+        """Bool masks for sdpa; additive float masks for eager attention."""
+        if self.backend == "sdpa":
+            return mask
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
     def forward_children(self, parent_slots: Tensor, positions: Tensor, **inputs: Any):
         """Run n new slots, each seeing its parent slot's view plus itself (-1 = only the committed prefix)."""
@@ -142,6 +167,10 @@ class Target(Protocol):
         """Keep only these rows (finished rows stop costing compute)."""
         ...
 
+    def close(self) -> None:
+        """Release per-generation state (hooks, caches)."""
+        ...
+
 
 class HFCausalLMTarget:
     """Adapter for a stock HF causal LM (`*ForCausalLM`): no patched modeling files, just masks and positions."""
@@ -157,13 +186,15 @@ class HFCausalLMTarget:
 
     def start(self, batch: int, need_features: bool) -> None:
         self.close()
-        self.runner = ModelRunner(self.model, batch, capture=final_norm(self.model) if need_features else None)
-        if need_features and self.runner._hook is None:
+        capture = final_norm(self.model) if need_features else None
+        if need_features and capture is None:
             raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
+        self.runner = ModelRunner(self.model, batch, capture=capture)
 
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+            self.runner = None
 
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:

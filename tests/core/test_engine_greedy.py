@@ -114,3 +114,14 @@ def test_greedy_batch_of_one_and_float32_target():
     out = specmm.SpeculativeGenerator(target, ModelDrafter(target), tree=SPECS["chain3"]).generate(
         ids, max_new_tokens=MAX_NEW)
     assert torch.equal(out.sequences, reference)
+
+
+def test_greedy_mixed_full_and_sliding_layers_equal_target_generate():
+    """Models mixing full and sliding-window layers get one mask per layer type."""
+    target = tiny_model("qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    assert set(target.config.layer_types) == {"full_attention", "sliding_attention"}
+    ids, mask = left_padded_batch(PROMPT_LENGTHS, seed=1)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=SPECS["static"])
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=PAD)
+    assert torch.equal(out.sequences, reference)

@@ -69,3 +69,14 @@ def test_finished_rows_leave_the_batch():
     assert torch.equal(out.sequences, reference)
     assert widths[0] == 4 and min(widths) < 4, f"batch widths seen by the target: {widths}"
     assert sorted(widths, reverse=True) == widths  # never grows back
+
+
+def test_generate_leaves_no_hooks_on_the_users_model():
+    from specmm.drafters import EagleDrafter
+
+    target = tiny_model("llama")
+    norm = target.model.norm
+    before = (len(norm._forward_hooks), len(target._forward_hooks))
+    ids, _ = left_padded_batch([5], seed=0)
+    specmm.SpeculativeGenerator(target, EagleDrafter.for_target(target)).generate(ids, max_new_tokens=4)
+    assert (len(norm._forward_hooks), len(target._forward_hooks)) == before

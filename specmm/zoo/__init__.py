@@ -1,0 +1,95 @@
+"""Reference models specmm trains itself, on data any machine has, saved like users' checkpoints.
+
+`build(name, scale)` trains an entry (resuming after a kill), checks it and records `zoo.json`; `path`
+returns a finished build's folder, which loads with the usual `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specmm.machine import machine_info
+from specmm.zoo import code
+from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    description: str
+    recipes: dict[str, dict]  # scale -> recipe (JSON-serialisable)
+    build: Callable[[Path, dict, int, bool], dict]  # (dest, recipe, seed, progress) -> record
+
+
+REGISTRY: dict[str, ZooEntry] = {}
+
+
+def register(entry: ZooEntry) -> None:
+    REGISTRY[entry.name] = entry
+
+
+register(ZooEntry("code", "Llama target + ~10x smaller Llama draft on the Python standard library source",
+                  code.RECIPES, code.build))
+
+
+def get(name: str) -> ZooEntry:
+    if name not in REGISTRY:
+        raise ValueError(f"name: unknown zoo entry {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def _recipe(entry: ZooEntry, scale: str) -> dict:
+    if scale not in entry.recipes:
+        raise ValueError(f"scale: entry {entry.name!r} has scales {', '.join(entry.recipes)}, got {scale!r}")
+    return entry.recipes[scale]
+
+
+def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, progress: bool = True) -> Path:
+    """Train `name` at `scale` unless an intact build exists; resumes from checkpoints after a kill."""
+    entry = get(name)
+    recipe = _recipe(entry, scale)
+    dest = entry_dir(name, scale)
+    if not force and not problems(dest):
+        return dest
+    if force and dest.exists():
+        shutil.rmtree(dest)
+    elif dest.exists():
+        logger.warning("rebuilding %s: %s", dest, "; ".join(problems(dest)))
+        clear_artifacts(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    resumed = (dest / WORK).exists()
+    started = time.perf_counter()
+    record = entry.build(dest, recipe, seed, progress)
+    record = {"name": name, "scale": scale, "seed": seed, "recipe": recipe, **record,
+              "wall_time_s": round(time.perf_counter() - started, 1), "resumed_from_checkpoint": resumed,
+              "machine": machine_info(torch.device("cpu"))}
+    write_manifest(dest, record)
+    shutil.rmtree(dest / WORK, ignore_errors=True)
+    return dest
+
+
+def path(name: str, scale: str = "cpu") -> Path:
+    """Folder of a finished, intact build (FileNotFoundError with the build command otherwise)."""
+    dest = entry_dir(get(name).name, scale)
+    issues = problems(dest, check_hashes=False)
+    if issues:
+        raise FileNotFoundError(f"zoo entry {name!r} ({scale}) is not built at {dest} ({'; '.join(issues)}); "
+                                f"run: specmm zoo build {name} --scale {scale}")
+    return dest
+
+
+def record(name: str, scale: str = "cpu") -> dict:
+    """The zoo.json of a finished build."""
+    return read_manifest(path(name, scale))
+
+
+__all__ = ["REGISTRY", "ZooEntry", "build", "get", "home", "path", "record", "register"]

@@ -1,0 +1,112 @@
+"""A small, deterministic, resumable trainer for causal LMs on a flat token array.
+
+The batch of step s is a pure function of (seed, s), and checkpoints hold the model, optimiser,
+schedule and loss history; so a run killed at any point and resumed from its last checkpoint ends with
+exactly the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    checkpoint_every: int = 50
+    seed: int = 0
+
+
+def batch_for_step(tokens: Tensor, config: LMTrainConfig, step: int) -> Tensor:
+    """[B, seq_len + 1] windows at offsets drawn from a generator seeded by (seed, step)."""
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    starts = torch.randint(0, tokens.numel() - config.seq_len - 1, (config.batch_size,), generator=gen)
+    return torch.stack([tokens[s: s + config.seq_len + 1] for s in starts.tolist()]).long()
+
+
+def _lr_factor(step: int, config: LMTrainConfig) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def train_causal_lm(model: nn.Module, tokens: Tensor, config: LMTrainConfig, workdir: Path, *, desc: str = "train",
+                    progress: bool = True, after_step: Callable[[int], None] | None = None) -> list[float]:
+    """Train `model` on next-token prediction; resumes from `workdir/checkpoint.pt`. Returns all step losses."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
+    losses: list[float] = []
+    start = 0
+    checkpoint = workdir / CHECKPOINT
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start, losses = state["step"], state["losses"]
+        logger.info("%s: resuming at step %d of %d", desc, start, config.steps)
+    device = next(model.parameters()).device
+    model.train()
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=desc, disable=not progress)
+    for step in bar:
+        batch = batch_for_step(tokens, config, step).to(device)
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        done = step + 1
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "step": done, "losses": losses}
+            torch.save(state, workdir / (CHECKPOINT + ".tmp"))
+            (workdir / (CHECKPOINT + ".tmp")).replace(checkpoint)  # atomic: a kill never leaves half a file
+        if after_step is not None:
+            after_step(done)
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def heldout_loss(model: nn.Module, tokens: Tensor, seq_len: int, windows: int = 32, batch_size: int = 8) -> float:
+    """Mean next-token cross-entropy (nats per token) over evenly spaced held-out windows."""
+    model.eval()
+    device = next(model.parameters()).device
+    count = min(windows, max(1, (tokens.numel() - 1) // (seq_len + 1)))
+    starts = torch.linspace(0, tokens.numel() - seq_len - 2, count).long().tolist()
+    total, n = 0.0, 0
+    for i in range(0, len(starts), batch_size):
+        batch = torch.stack([tokens[s: s + seq_len + 1] for s in starts[i: i + batch_size]]).long().to(device)
+        logits = model(input_ids=batch[:, :-1]).logits.float()
+        total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+        n += batch[:, 1:].numel()
+    return total / n

@@ -1,0 +1,61 @@
+"""The benchmark harness compares honestly: same inputs, speedup against the first method, output check."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specmm.bench.core import CoreBenchSetup, bench_core
+from specmm.bench.harness import Method, RunResult, run_benchmark
+from specmm.cli import main
+from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
+
+
+def test_speedup_is_relative_to_the_first_method_and_mismatches_are_flagged():
+    import time
+
+    def slow():
+        time.sleep(0.02)
+        return RunResult([[1, 2, 3]])
+
+    def fast():
+        return RunResult([[1, 2, 3]], mean_accepted=3.0)
+
+    rows, outputs = run_benchmark([Method("base", slow), Method("fast", fast), Method("wrong", lambda: RunResult([[9]]))],
+                                  torch.device("cpu"), repeats=2, warmup=1, progress=False)
+    assert rows[0].speedup == 1.0 and rows[1].speedup > 2.0
+    assert [r.matched for r in rows] == [True, True, False]
+    assert rows[1].mean_accepted == 3.0 and outputs["wrong"].rows == [[9]]
+
+
+def test_core_bench_runs_every_method_on_the_same_inputs_and_they_match(tmp_path):
+    target = tiny_model("llama", dtype=torch.float32)
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([4, 7], seed=3)
+    setup = CoreBenchSetup(max_new_tokens=12, k=3, repeats=1, warmup=0)
+    report, outputs = bench_core(target, draft, ids, mask, setup, command="test", models={}, notes=["n"],
+                                 progress=False)
+    names = [r.method for r in report.rows]
+    assert any("HF assisted" in n for n in names) and any("tree" in n for n in names)
+    assert all(r.matched for r in report.rows), report.table()
+    assert all(len(row) == 12 for row in outputs[names[0]].rows)
+    json_path, md_path = report.write(tmp_path, "core-test")
+    assert json.loads(json_path.read_text())["rows"][0]["speedup"] == 1.0
+    assert "| method | tokens/s |" in md_path.read_text()
+
+
+def test_cli_bench_on_random_models_writes_reports(tmp_path, capsys):
+    code = main(["bench", "core", "--random", "--batch-size", "2", "--max-new-tokens", "6", "--repeats", "1",
+                 "--out", str(tmp_path), "--name", "r"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "meaningless" in printed and (tmp_path / "r.json").is_file() and (tmp_path / "r.md").is_file()
+    assert all(row["matched"] for row in json.loads((tmp_path / "r.json").read_text())["rows"])
+
+
+def test_cli_reports_bad_arguments_as_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path))
+    assert main(["zoo", "path", "code", "--scale", "tiny"]) == 2
+    assert "specmm zoo build code" in capsys.readouterr().err
+    assert main(["zoo", "build", "nope"]) == 2

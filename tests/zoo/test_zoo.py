@@ -1,0 +1,99 @@
+"""Zoo recipes at micro scale: deterministic, resumable, reloadable, and corrupt builds are rebuilt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import specmm
+from specmm import zoo
+from specmm.drafters import ModelDrafter
+from specmm.zoo import code, store
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def weight_hashes(path) -> dict[str, str]:
+    return {rel: meta["sha256"] for rel, meta in store.read_manifest(path)["files"].items()}
+
+
+def test_build_is_deterministic_for_a_seed(home, monkeypatch, tmp_path):
+    first = weight_hashes(zoo.build("code", "tiny", progress=False))
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "other"))
+    second = weight_hashes(zoo.build("code", "tiny", progress=False))
+    assert first == second and any(k.endswith("model.safetensors") for k in first)
+    third = weight_hashes(zoo.build("code", "tiny", seed=1, force=True, progress=False))
+    assert third["target/model.safetensors"] != first["target/model.safetensors"]
+
+
+def test_resume_after_a_kill_gives_the_weights_of_an_uninterrupted_build(home, monkeypatch, tmp_path):
+    uninterrupted = weight_hashes(zoo.build("code", "tiny", progress=False))
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "killed"))
+    real_train = code.train_causal_lm
+
+    def killed_at_step_4(model, tokens, config, workdir, **kw):
+        def after_step(step):
+            if step == 4 and workdir.name == "target":
+                raise KeyboardInterrupt("simulated kill")
+        return real_train(model, tokens, config, workdir, after_step=after_step, **kw)
+
+    monkeypatch.setattr(code, "train_causal_lm", killed_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.build("code", "tiny", progress=False)
+    dest = store.entry_dir("code", "tiny")
+    assert (dest / "work" / "target" / "checkpoint.pt").is_file() and store.problems(dest)
+    monkeypatch.setattr(code, "train_causal_lm", real_train)
+    with pytest.raises(FileNotFoundError, match="specmm zoo build code"):
+        zoo.path("code", "tiny")
+    resumed = weight_hashes(zoo.build("code", "tiny", progress=False))
+    assert resumed == uninterrupted
+    assert zoo.record("code", "tiny")["resumed_from_checkpoint"] is True
+
+
+def test_built_entry_reloads_with_from_pretrained_and_generates(home):
+    path = zoo.build("code", "tiny", progress=False)
+    record = json.loads((path / "zoo.json").read_text())
+    for key in ("recipe", "seed", "wall_time_s", "machine", "greedy_agreement"):
+        assert key in record
+    assert record["models"]["draft"]["parameters"] < record["models"]["target"]["parameters"]
+    models = code.load(path)
+    ids, mask = (lambda e: (e["input_ids"], e["attention_mask"]))(
+        models.tokenizer(models.prompts[:2], return_tensors="pt", padding=True))
+    reference = models.target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10,
+                                       pad_token_id=models.tokenizer.pad_token_id, eos_token_id=None)
+    out = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft), tree=specmm.TreeSpec.chain(3)).generate(
+        ids, attention_mask=mask, max_new_tokens=10, pad_token_id=models.tokenizer.pad_token_id)
+    assert torch.equal(out.sequences, reference)
+
+
+@pytest.mark.parametrize("damage", ["delete-manifest", "truncate-weights", "flip-bytes", "half-written-manifest"])
+def test_corrupt_or_half_written_builds_are_detected_and_rebuilt(home, damage):
+    path = zoo.build("code", "tiny", progress=False)
+    good = weight_hashes(path)
+    weights = path / "target" / "model.safetensors"
+    if damage == "delete-manifest":
+        (path / "zoo.json").unlink()
+    elif damage == "truncate-weights":
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif damage == "flip-bytes":
+        data = bytearray(weights.read_bytes())
+        data[-10] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    else:
+        (path / "zoo.json").write_text('{"complete": tr')
+    assert store.problems(path)
+    rebuilt = zoo.build("code", "tiny", progress=False)
+    assert not store.problems(rebuilt) and weight_hashes(rebuilt) == good
+
+
+def test_unknown_entry_or_scale_is_refused(home):
+    with pytest.raises(ValueError, match="unknown zoo entry"):
+        zoo.build("nope")
+    with pytest.raises(ValueError, match="scale"):
+        zoo.build("code", "huge")
