@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.sampling import Generators, SamplingConfig
-from specmm.core.target import ModelRunner, attention_backend, model_device, output_vocab_size
+from specmm.core.target import PrefillOutput, ModelRunner, attention_backend, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 
 
@@ -22,17 +22,17 @@ from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 class Drafter(Protocol):
     vocab_size: int | None  # None: proposes tokens of the target's own vocabulary (e.g. copied from context)
     device: torch.device | None
-    needs_target_features: bool
+    needs: frozenset[str]  # what it reads from the target: FEATURES, INPUTS_EMBEDS, ...
     draft_forwards: int  # batched drafter forwards so far
 
     def check_spec(self, spec: TreeSpec) -> None:
         """Raise ValueError when this drafter cannot build `spec` trees."""
         ...
 
-    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+    def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         """Begin a generation on a left-padded prompt [B, L]; its last column holds the first roots.
 
-        target_features: [B, L - 1, H] target features of the prompt minus its last token, when requested.
+        prefill: what the target saw of the prompt minus its last token (features etc., as `needs` asks).
         """
         ...
 
@@ -40,8 +40,8 @@ class Drafter(Protocol):
         ...
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
-        """Learn the outcome: the accepted path, the next root (`result.next_token`) and, when requested, the
-        target features [B, D+1, H] at the path's nodes."""
+        """Learn the outcome: the accepted path, the next root (`result.next_token`) and, when FEATURES are
+        needed, the target features [B, D+1, H] at the path's nodes."""
         ...
 
     def select_rows(self, rows: Tensor) -> None:
@@ -102,7 +102,7 @@ class ModelDrafter:
     target's next token are fed at the start of the next round.
     """
 
-    needs_target_features = False
+    needs: frozenset[str] = frozenset()
 
     def __init__(self, model: nn.Module):
         attention_backend(model)
@@ -116,7 +116,7 @@ class ModelDrafter:
         return None
 
     @torch.no_grad()
-    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+    def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         self.runner = ModelRunner(self.model, input_ids.shape[0])
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
@@ -166,7 +166,7 @@ class PromptLookupDrafter:
 
     vocab_size = None
     device = None
-    needs_target_features = False
+    needs: frozenset[str] = frozenset()
 
     def __init__(self, ngram: int = 3, k: int = 8):
         if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
@@ -180,7 +180,7 @@ class PromptLookupDrafter:
         if spec.kind != "chain":
             raise ValueError(f"tree: PromptLookupDrafter proposes chains only, got a {spec.kind} tree")
 
-    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+    def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         valid = attention_mask.bool()
         order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices
         self.history = input_ids.gather(1, order)  # [B, L] real tokens left-aligned, ending with the root

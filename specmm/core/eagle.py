@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaModel
 from specmm.core.acceptance import AcceptResult
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
-from specmm.core.target import ModelRunner, final_norm, model_device, output_vocab_size
+from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class EagleHead(nn.Module):
 class EagleDrafter:
     """EAGLE-1/2 drafter over a target: needs the target's features; tree nodes are never cached."""
 
-    needs_target_features = True
+    needs = frozenset({FEATURES})
 
     def __init__(self, head: EagleHead, target_model: nn.Module):
         hidden = target_model.config.get_text_config().hidden_size
@@ -153,7 +153,8 @@ class EagleDrafter:
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
-    def start(self, input_ids: Tensor, attention_mask: Tensor, target_features: Tensor | None) -> None:
+    def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
+        target_features = prefill.features
         batch, length = input_ids.shape
         self.runner = ModelRunner(self.head, batch)
         self.draft_forwards = 0

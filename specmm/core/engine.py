@@ -19,7 +19,7 @@ from torch import Tensor
 from specmm.core.acceptance import EXACT, AcceptanceRule, AcceptResult, accept_greedy, accept_sampled
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, select_generators
-from specmm.core.target import Target, as_target
+from specmm.core.target import FEATURES, Target, as_target
 from specmm.core.tree import TreeSpec
 
 logger = logging.getLogger(__name__)
@@ -128,10 +128,15 @@ class SpeculativeGenerator:
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 64,
                  sampling: SamplingConfig = GREEDY, eos_token_id: int | Sequence[int] | None = None,
-                 pad_token_id: int | None = None, generator: Generators = None, streamer=None) -> GenerationOutput:
-        """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L]."""
+                 pad_token_id: int | None = None, generator: Generators = None, streamer=None,
+                 **model_inputs) -> GenerationOutput:
+        """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L].
+
+        `model_inputs` (e.g. `pixel_values`) go to the target's prefill, for targets that take them.
+        """
         input_ids, attention_mask, eos = self._check_inputs(
             input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator, streamer)
+        self.target.check_model_inputs(model_inputs)
         device = self.target.device
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
         batch = input_ids.shape[0]
@@ -140,10 +145,10 @@ class SpeculativeGenerator:
         _stream_prompt(streamer, input_ids, attention_mask)
 
         target, drafter = self.target, self.drafter
-        target.start(batch, need_features=drafter.needs_target_features)
+        target.start(batch, needs=drafter.needs)
         try:
             out, counts, rounds, histogram, stats = self._loop(
-                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer)
+                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs)
         finally:
             target.close()  # removes any feature hook from the user's model
         if streamer is not None:
@@ -158,11 +163,11 @@ class SpeculativeGenerator:
         width = int(counts.max())
         return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
 
-    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer):
+    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs):
         """Prefill, then draft -> verify -> accept -> commit until every row is done."""
         target, drafter, device, batch = self.target, self.drafter, self.target.device, input_ids.shape[0]
-        features = target.prefill(input_ids[:, :-1], attention_mask[:, :-1])
-        drafter.start(input_ids, attention_mask, features)
+        prefill = target.prefill(input_ids[:, :-1], attention_mask[:, :-1], **model_inputs)
+        drafter.start(input_ids, attention_mask, prefill)
         eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
 
         # spare columns so a round's tokens can always be written past a row's count (then overwritten or cut)
@@ -189,7 +194,7 @@ class SpeculativeGenerator:
 
             target.commit(result.path, result.num_accepted + 1)
             path_features = None
-            if drafter.needs_target_features:
+            if FEATURES in drafter.needs:
                 index = result.path[:, :, None].expand(*result.path.shape, verified.features.shape[-1])
                 path_features = verified.features.gather(1, index)
             drafter.update(tree, result, path_features)

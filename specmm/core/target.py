@@ -8,7 +8,7 @@ modeling code. Drafters built on HF models (`ModelDrafter`, `EagleDrafter`) reus
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -94,8 +94,9 @@ class ModelRunner:
         return self._captured
 
     def forward(self, positions: Tensor, attend: Tensor, **inputs: Any):
-        """Run n new round slots. positions: [B, n]; attend: [B, n, R + n] over the round's slots."""
-        full = self.cache.open_slots(positions, attend)
+        """Run n new round slots. positions: [B, n] (or [3, B, n] for M-RoPE, axis 0 used for windows);
+        attend: [B, n, R + n] over the round's slots."""
+        full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend)
         if self.layout == "full":
             mask = self._format(full)
         elif self.layout == "sliding":
@@ -117,14 +118,16 @@ class ModelRunner:
         """Run n new slots, each seeing its parent slot's view plus itself (-1 = only the committed prefix)."""
         return self.forward(positions, self.cache.round_attend(parent_slots), **inputs)
 
-    def extend(self, valid: Tensor, **inputs: Any):
+    def extend(self, valid: Tensor, positions: Tensor | None = None, **inputs: Any):
         """Run and commit a ragged block of certain tokens: row b keeps the entries where valid[b] is True.
 
         valid: [B, P] bool. Kept entries see the committed prefix and the earlier kept entries; the others
-        see only themselves and are dropped.
+        see only themselves and are dropped. positions: [B, P] (or [3, B, P] for M-RoPE); by default the
+        kept entries continue each row's committed length.
         """
         batch, width = valid.shape
-        positions = (self.cache.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+        if positions is None:
+            positions = (self.cache.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
         causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
         eye = torch.eye(width, dtype=torch.bool, device=valid.device)
         attend = (causal & valid[:, None, :] & valid[:, :, None]) | eye
@@ -140,6 +143,18 @@ class TargetOutput:
     features: Tensor | None  # [B, n, H] last-layer features (after the final norm) when requested
 
 
+@dataclass
+class PrefillOutput:
+    """What the target saw of the prompt minus its last token (left-padded layout, [B, L-1, ...])."""
+
+    features: Tensor | None = None  # [B, L-1, H] last-layer features, when the drafter needs them
+    inputs_embeds: Tensor | None = None  # [B, L-1, H] merged input embeddings (VLMs: image rows are vision features)
+    extras: dict = field(default_factory=dict)  # adapter-specific: image masks, rope deltas, attention scores
+
+
+FEATURES, INPUTS_EMBEDS = "features", "inputs_embeds"
+
+
 @runtime_checkable
 class Target(Protocol):
     """What the engine needs from a target model. Rows are per-sequence; trees are verified in one forward."""
@@ -147,12 +162,16 @@ class Target(Protocol):
     vocab_size: int
     device: torch.device
 
-    def start(self, batch: int, need_features: bool) -> None:
-        """Reset per-generation state for `batch` rows."""
+    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
+        """Reset per-generation state for `batch` rows; `needs` names what the drafter reads (FEATURES, ...)."""
         ...
 
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
-        """Process a left-padded prompt block [B, L]; returns features [B, L, H] when they were requested."""
+    def check_model_inputs(self, model_inputs: dict) -> None:
+        """Raise ValueError, before any work, for model inputs this target cannot take."""
+        ...
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
+        """Process a left-padded prompt block [B, L] (plus model inputs such as pixel values)."""
         ...
 
     def verify(self, tree: DraftTree) -> TargetOutput:
@@ -184,11 +203,15 @@ class HFCausalLMTarget:
         self.device = model_device(model)
         self.runner: ModelRunner | None = None
 
-    def start(self, batch: int, need_features: bool) -> None:
+    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         self.close()
-        capture = final_norm(self.model) if need_features else None
-        if need_features and capture is None:
+        unknown = set(needs) - self.provides
+        if unknown:
+            raise ValueError(f"drafter: needs {sorted(unknown)} which {type(self).__name__} does not provide")
+        capture = final_norm(self.model) if FEATURES in needs else None
+        if FEATURES in needs and capture is None:
             raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
+        self.needs = frozenset(needs)
         self.runner = ModelRunner(self.model, batch, capture=capture)
 
     def close(self) -> None:
@@ -196,12 +219,19 @@ class HFCausalLMTarget:
             self.runner.close()
             self.runner = None
 
+    provides = frozenset({FEATURES})
+
+    def check_model_inputs(self, model_inputs: dict) -> None:
+        """Raise ValueError for inputs this target does not take (before any work)."""
+        if model_inputs:
+            raise ValueError(f"{', '.join(sorted(model_inputs))}: not an input of a text-only target")
+
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
         if input_ids.shape[1] == 0:
-            return None
-        self.runner.extend(attention_mask.bool(), input_ids=input_ids, logits_to_keep=1)
-        return self.runner.captured
+            return PrefillOutput()
+        self.runner.extend(attention_mask.bool(), input_ids=input_ids, logits_to_keep=1, **model_inputs)
+        return PrefillOutput(features=self.runner.captured)
 
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import code
+from specmm.zoo import captioner, code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ class ZooEntry:
     description: str
     recipes: dict[str, dict]  # scale -> recipe (JSON-serialisable)
     build: Callable[[Path, dict, int, bool], dict]  # (dest, recipe, seed, progress) -> record
+    version: int = 1  # bump when the recipe code changes what a build produces: older builds are rebuilt
 
 
 REGISTRY: dict[str, ZooEntry] = {}
@@ -38,7 +39,9 @@ def register(entry: ZooEntry) -> None:
 
 
 register(ZooEntry("code", "Llama target + ~10x smaller Llama draft on the Python standard library source",
-                  code.RECIPES, code.build))
+                  code.RECIPES, code.build, version=2))
+register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural scenes, + text-only draft",
+                  captioner.RECIPES, captioner.build))
 
 
 def get(name: str) -> ZooEntry:
@@ -53,23 +56,31 @@ def _recipe(entry: ZooEntry, scale: str) -> dict:
     return entry.recipes[scale]
 
 
+def _problems(entry: ZooEntry, dest: Path, check_hashes: bool = True) -> list[str]:
+    found = problems(dest, check_hashes)
+    if not found and read_manifest(dest).get("version", 1) != entry.version:
+        found = [f"built by recipe version {read_manifest(dest).get('version', 1)}, current is {entry.version}"]
+    return found
+
+
 def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, progress: bool = True) -> Path:
-    """Train `name` at `scale` unless an intact build exists; resumes from checkpoints after a kill."""
+    """Train `name` at `scale` unless an intact, current build exists; resumes from checkpoints after a kill."""
     entry = get(name)
     recipe = _recipe(entry, scale)
     dest = entry_dir(name, scale)
-    if not force and not problems(dest):
+    issues = _problems(entry, dest)
+    if not force and not issues:
         return dest
     if force and dest.exists():
         shutil.rmtree(dest)
     elif dest.exists():
-        logger.warning("rebuilding %s: %s", dest, "; ".join(problems(dest)))
+        logger.warning("rebuilding %s: %s", dest, "; ".join(issues))
         clear_artifacts(dest)
     dest.mkdir(parents=True, exist_ok=True)
     resumed = (dest / WORK).exists()
     started = time.perf_counter()
     record = entry.build(dest, recipe, seed, progress)
-    record = {"name": name, "scale": scale, "seed": seed, "recipe": recipe, **record,
+    record = {"name": name, "scale": scale, "version": entry.version, "seed": seed, "recipe": recipe, **record,
               "wall_time_s": round(time.perf_counter() - started, 1), "resumed_from_checkpoint": resumed,
               "machine": machine_info(torch.device("cpu"))}
     write_manifest(dest, record)
@@ -79,8 +90,9 @@ def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, 
 
 def path(name: str, scale: str = "cpu") -> Path:
     """Folder of a finished, intact build (FileNotFoundError with the build command otherwise)."""
-    dest = entry_dir(get(name).name, scale)
-    issues = problems(dest, check_hashes=False)
+    entry = get(name)
+    dest = entry_dir(entry.name, scale)
+    issues = _problems(entry, dest, check_hashes=False)
     if issues:
         raise FileNotFoundError(f"zoo entry {name!r} ({scale}) is not built at {dest} ({'; '.join(issues)}); "
                                 f"run: specmm zoo build {name} --scale {scale}")

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specmm.zoo.lm_training import LMTrainConfig, heldout_loss, train_causal_lm
+from specmm.zoo.lm_training import LMTrainConfig, heldout_loss, token_windows, train_causal_lm
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     for offset, role in enumerate(("target", "draft")):
         model = make_model(recipe[role], tokenizer, recipe["max_positions"], seed + offset)
         config = LMTrainConfig(seed=seed + offset, **recipe[f"{role}_train"])
-        losses = train_causal_lm(model, tokens["train"], config, work / role, desc=f"code/{role}", progress=progress)
+        losses = train_causal_lm(model, token_windows(tokens["train"], config), config, work / role,
+                                 desc=f"code/{role}", progress=progress)
         loss = heldout_loss(model, tokens["heldout"], ev["seq_len"], windows=ev["windows"])
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -1,8 +1,8 @@
-"""A small, deterministic, resumable trainer for causal LMs on a flat token array.
+"""A small, deterministic, resumable trainer for causal LMs (text or vision-language).
 
-The batch of step s is a pure function of (seed, s), and checkpoints hold the model, optimiser,
-schedule and loss history; so a run killed at any point and resumed from its last checkpoint ends with
-exactly the weights of an uninterrupted run.
+The batch of step s is a pure function of (seed, s) (`make_batch(step)`), and checkpoints hold the model,
+optimiser, schedule and loss history; so a run killed at any point and resumed from its last checkpoint
+ends with exactly the weights of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -37,11 +37,24 @@ class LMTrainConfig:
     seed: int = 0
 
 
-def batch_for_step(tokens: Tensor, config: LMTrainConfig, step: int) -> Tensor:
-    """[B, seq_len + 1] windows at offsets drawn from a generator seeded by (seed, step)."""
-    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-    starts = torch.randint(0, tokens.numel() - config.seq_len - 1, (config.batch_size,), generator=gen)
-    return torch.stack([tokens[s: s + config.seq_len + 1] for s in starts.tolist()]).long()
+IGNORE = -100  # label of positions that carry no loss
+
+
+def token_windows(tokens: Tensor, config: LMTrainConfig) -> Callable[[int], dict[str, Tensor]]:
+    """Batches of [B, seq_len] windows of a flat token array at offsets seeded by (seed, step)."""
+
+    def make_batch(step: int) -> dict[str, Tensor]:
+        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        starts = torch.randint(0, tokens.numel() - config.seq_len - 1, (config.batch_size,), generator=gen)
+        window = torch.stack([tokens[s: s + config.seq_len] for s in starts.tolist()]).long()
+        return {"input_ids": window, "labels": window}
+
+    return make_batch
+
+
+def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy of logits[:, t] against labels[:, t + 1], skipping IGNORE labels."""
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE)
 
 
 def _lr_factor(step: int, config: LMTrainConfig) -> float:
@@ -51,9 +64,20 @@ def _lr_factor(step: int, config: LMTrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def train_causal_lm(model: nn.Module, tokens: Tensor, config: LMTrainConfig, workdir: Path, *, desc: str = "train",
-                    progress: bool = True, after_step: Callable[[int], None] | None = None) -> list[float]:
-    """Train `model` on next-token prediction; resumes from `workdir/checkpoint.pt`. Returns all step losses."""
+def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Next-token loss of `model(**inputs)` against `batch["labels"]`."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return next_token_loss(model(**inputs).logits, batch["labels"])
+
+
+def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tensor]], config: LMTrainConfig,
+                    workdir: Path, *, desc: str = "train", progress: bool = True,
+                    after_step: Callable[[int], None] | None = None,
+                    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor] = lm_loss) -> list[float]:
+    """Train `model` on `make_batch(step)` (model inputs plus `labels`; next-token loss by default).
+
+    Resumes from `workdir/checkpoint.pt`. Returns the losses of all steps, resumed ones included.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -74,9 +98,7 @@ def train_causal_lm(model: nn.Module, tokens: Tensor, config: LMTrainConfig, wor
     model.train()
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=desc, disable=not progress)
     for step in bar:
-        batch = batch_for_step(tokens, config, step).to(device)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        loss = loss_fn(model, {k: v.to(device) for k, v in make_batch(step).items()})
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

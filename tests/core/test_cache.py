@@ -39,7 +39,7 @@ def test_cache_equals_fresh_prefill_after_random_accepts_and_rejects(arch):
     target = HFCausalLMTarget(model)
     ids, mask = left_padded_batch([4, 9, 1, 6], seed=5)  # row 2: a one-token prompt, nothing to prefill
     gen = torch.Generator().manual_seed(0)
-    target.start(ids.shape[0], need_features=False)
+    target.start(ids.shape[0])
     target.prefill(ids[:, :-1], mask[:, :-1])
     history = [row[m.bool()].tolist()[:-1] for row, m in zip(ids, mask)]  # committed tokens per live row
     roots = ids[:, -1]

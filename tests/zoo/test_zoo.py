@@ -10,7 +10,9 @@ import torch
 import specmm
 from specmm import zoo
 from specmm.drafters import ModelDrafter
-from specmm.zoo import code, store
+from specmm.zoo import captioner, code, store
+
+ENTRIES = {"code": code, "captioner": captioner}
 
 
 @pytest.fixture
@@ -23,37 +25,40 @@ def weight_hashes(path) -> dict[str, str]:
     return {rel: meta["sha256"] for rel, meta in store.read_manifest(path)["files"].items()}
 
 
-def test_build_is_deterministic_for_a_seed(home, monkeypatch, tmp_path):
-    first = weight_hashes(zoo.build("code", "tiny", progress=False))
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_build_is_deterministic_for_a_seed(home, monkeypatch, tmp_path, name):
+    first = weight_hashes(zoo.build(name, "tiny", progress=False))
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "other"))
-    second = weight_hashes(zoo.build("code", "tiny", progress=False))
+    second = weight_hashes(zoo.build(name, "tiny", progress=False))
     assert first == second and any(k.endswith("model.safetensors") for k in first)
-    third = weight_hashes(zoo.build("code", "tiny", seed=1, force=True, progress=False))
+    third = weight_hashes(zoo.build(name, "tiny", seed=1, force=True, progress=False))
     assert third["target/model.safetensors"] != first["target/model.safetensors"]
 
 
-def test_resume_after_a_kill_gives_the_weights_of_an_uninterrupted_build(home, monkeypatch, tmp_path):
-    uninterrupted = weight_hashes(zoo.build("code", "tiny", progress=False))
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_resume_after_a_kill_gives_the_weights_of_an_uninterrupted_build(home, monkeypatch, tmp_path, name):
+    uninterrupted = weight_hashes(zoo.build(name, "tiny", progress=False))
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "killed"))
-    real_train = code.train_causal_lm
+    module = ENTRIES[name]
+    real_train = module.train_causal_lm
 
-    def killed_at_step_4(model, tokens, config, workdir, **kw):
+    def killed_at_step_3(model, batches, config, workdir, **kw):
         def after_step(step):
-            if step == 4 and workdir.name == "target":
+            if step == 3 and workdir.name == "target":
                 raise KeyboardInterrupt("simulated kill")
-        return real_train(model, tokens, config, workdir, after_step=after_step, **kw)
+        return real_train(model, batches, config, workdir, after_step=after_step, **kw)
 
-    monkeypatch.setattr(code, "train_causal_lm", killed_at_step_4)
+    monkeypatch.setattr(module, "train_causal_lm", killed_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        zoo.build("code", "tiny", progress=False)
-    dest = store.entry_dir("code", "tiny")
+        zoo.build(name, "tiny", progress=False)
+    dest = store.entry_dir(name, "tiny")
     assert (dest / "work" / "target" / "checkpoint.pt").is_file() and store.problems(dest)
-    monkeypatch.setattr(code, "train_causal_lm", real_train)
-    with pytest.raises(FileNotFoundError, match="specmm zoo build code"):
-        zoo.path("code", "tiny")
-    resumed = weight_hashes(zoo.build("code", "tiny", progress=False))
+    monkeypatch.setattr(module, "train_causal_lm", real_train)
+    with pytest.raises(FileNotFoundError, match=f"specmm zoo build {name}"):
+        zoo.path(name, "tiny")
+    resumed = weight_hashes(zoo.build(name, "tiny", progress=False))
     assert resumed == uninterrupted
-    assert zoo.record("code", "tiny")["resumed_from_checkpoint"] is True
+    assert zoo.record(name, "tiny")["resumed_from_checkpoint"] is True
 
 
 def test_built_entry_reloads_with_from_pretrained_and_generates(home):
@@ -70,6 +75,22 @@ def test_built_entry_reloads_with_from_pretrained_and_generates(home):
     out = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft), tree=specmm.TreeSpec.chain(3)).generate(
         ids, attention_mask=mask, max_new_tokens=10, pad_token_id=models.tokenizer.pad_token_id)
     assert torch.equal(out.sequences, reference)
+
+
+def test_built_captioner_reloads_and_captions_a_scene(home):
+    path = zoo.build("captioner", "tiny", progress=False)
+    record = zoo.record("captioner", "tiny")
+    assert {"fact_precision", "fact_recall", "relation_accuracy"} <= set(record["quality"])
+    models = captioner.load(path)
+    assert models.processor.tokenizer.image_token == "<image>"
+    captions = captioner.caption_scenes(models.target, models.processor, [1, 2], models.image_size, 8)
+    assert len(captions) == 2 and all(isinstance(c, str) for c in captions)
+    enc = models.processor(images=[captioner.scenes.render(captioner.scene_and_caption(1)[0], models.image_size)],
+                           text=[captioner.PROMPT], return_tensors="pt")
+    assert (enc["input_ids"] == models.target.config.image_token_id).sum() == record["image_tokens"]
+    draft_out = models.draft.generate(enc["input_ids"], do_sample=False, max_new_tokens=4,
+                                      pad_token_id=models.processor.tokenizer.pad_token_id)
+    assert draft_out.shape[1] == enc["input_ids"].shape[1] + 4
 
 
 @pytest.mark.parametrize("damage", ["delete-manifest", "truncate-weights", "flip-bytes", "half-written-manifest"])
