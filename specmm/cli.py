@@ -1,4 +1,4 @@
-"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core`."""
+"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm`, `caption`, `train-drafter`."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def cmd_zoo(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.bench_command == "vlm":
+        return cmd_bench_vlm(args)
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
@@ -89,11 +91,131 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_bench_vlm(args) -> int:
+    from specmm import zoo
+    from specmm.bench.vlm import VLMBenchSetup, bench_vlm, write_reports
+    from specmm.vlm import METHODS, VisionDrafter
+    from specmm.zoo import captioner
+
+    methods = args.methods.split(",") if args.methods else list(METHODS)
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    device = torch.device(args.device)
+    models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
+    drafters_dir = zoo.build("captioner-drafters", args.scale)
+    drafters = {m: VisionDrafter.from_pretrained(drafters_dir / m, models.target) for m in methods}
+    depth, top_k, total = (3, 2, 6) if device.type == "cpu" else (4, 4, 16)
+    setup = VLMBenchSetup(scenes=args.scenes, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
+                          tree=specmm.TreeSpec.dynamic(depth=args.depth or depth, top_k=args.top_k or top_k,
+                                                       total_tokens=args.total_tokens or total),
+                          temperatures=tuple(args.temperatures), repeats=args.repeats)
+    record = zoo.record("captioner", args.scale)
+    description = {"scale": args.scale, "target": f"zoo captioner-{args.scale} "
+                   f"({record['models']['target']['parameters'] / 1e6:.2f}M params, {record['image_tokens']} image "
+                   "tokens per image)", "drafters": f"zoo captioner-drafters-{args.scale}",
+                   "draft LM (HF assisted)": f"{record['models']['draft']['parameters'] / 1e6:.2f}M params"}
+    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    reports, _ = bench_vlm(models, drafters, setup, command=command, description=description)
+    for report in reports:
+        print(f"\n{report.name}\n{report.table()}")
+    json_path, md_path = write_reports(reports, args.out, args.name or f"vlm-captioner-{args.scale}-{device.type}")
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def cmd_train_drafter(args) -> int:
+    from specmm import zoo
+    from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
+    from specmm.vlm.train import jsonl_batches
+    from specmm.zoo import captioner, captioner_drafters
+
+    device = torch.device(args.device)
+    if args.target:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        target = AutoModelForImageTextToText.from_pretrained(args.target, dtype=args.dtype,
+                                                             attn_implementation="sdpa").to(device).eval()
+        processor = AutoProcessor.from_pretrained(args.target)
+    else:
+        models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
+        target, processor = models.target, models.processor
+    if args.data:
+        batches = jsonl_batches(args.data, processor, args.prompt, args.batch_size)
+    elif args.target:
+        raise ValueError("--data: a captions .jsonl (e.g. from `specmm caption`) is needed with --target")
+    else:
+        pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, _mkdir(args.out))
+        batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
+    drafter = (VisionDrafter.from_pretrained(args.init, target) if args.init
+               else VisionDrafter.for_target(target, method=args.method))
+    for stage, steps in (("text", args.text_steps), ("multimodal", args.multimodal_steps)):
+        if steps:
+            config = DrafterTrainConfig(steps=steps, lr=args.lr)
+            losses = train_drafter(target, processor, drafter, batches, config, stage=stage,
+                                   checkpoint_dir=f"{args.out}/{stage}")
+            if losses:
+                print(f"{stage}: final loss {sum(losses[-10:]) / len(losses[-10:]):.4f}")
+    drafter.save_pretrained(args.out)
+    print(f"saved the {drafter.method} drafter to {args.out}")
+    return 0
+
+
+def _mkdir(path: str):
+    from pathlib import Path
+
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
 def cmd_demo(args) -> int:
     from specmm.demo import run_demo
 
     run_demo(scale=args.scale, batch=args.batch_size, max_new_tokens=args.max_new_tokens, out=args.out,
              device=args.device)
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def cmd_caption(args) -> int:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+    from specmm.drafters import ModelDrafter, PromptLookupDrafter
+    from specmm.vlm import SpeculativeVLM, caption_images, find_images
+    from specmm.vlm.caption import DEFAULT_PROMPT, check_output
+
+    paths = find_images(args.images)  # cheap errors before any model is loaded
+    check_output(args.out, args.resume)
+    sampling = specmm.SamplingConfig(temperature=args.temperature)
+    device = torch.device(args.device)
+    load = dict(dtype=args.dtype, attn_implementation="sdpa")
+    target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()
+    processor = AutoProcessor.from_pretrained(args.target)
+    draft = DRAFT_DEFAULTS.get(device.type, DRAFT_DEFAULTS["cuda"])
+    tree = specmm.TreeSpec.dynamic(depth=draft["depth"], top_k=draft["top_k"], total_tokens=draft["total_tokens"])
+    if args.draft_lm:
+        drafter = ModelDrafter(AutoModelForCausalLM.from_pretrained(args.draft_lm, **load).to(device).eval())
+    elif args.drafter == "prompt-lookup":
+        drafter, tree = PromptLookupDrafter(ngram=3, k=8), specmm.TreeSpec.chain(8)
+    else:
+        try:
+            from specmm.vlm import VisionDrafter
+        except ImportError:
+            raise ValueError(f"--drafter {args.drafter}: a drafter folder needs specmm.vlm.VisionDrafter, which "
+                             "this install lacks; use --drafter prompt-lookup or --draft-lm DIR") from None
+        drafter = VisionDrafter.from_pretrained(args.drafter, target)
+    svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                             resume=args.resume, sampling=sampling, prompt=args.prompt or DEFAULT_PROMPT)
+    print(f"captioned {summary.captioned}, skipped {summary.skipped}, unreadable {summary.errors}; "
+          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
+          f"-> {args.out}")
     return 0
 
 
@@ -143,7 +265,57 @@ def build_parser() -> argparse.ArgumentParser:
     core.add_argument("--repeats", type=int, default=3)
     core.add_argument("--out", default="benchmarks")
     core.add_argument("--name", help="report file stem (default core-<source>-<device>)")
+    vlm = bsub.add_parser("vlm", help="captioning: target-only vs HF assisted vs every VisionDrafter method")
+    vlm.add_argument("--scale", default="cpu", help="zoo scale of the captioner and its drafters")
+    vlm.add_argument("--methods", help="comma-separated subset of eagle,msd,vispec,dream,flash (default: all)")
+    vlm.add_argument("--scenes", type=_positive_int, default=8)
+    vlm.add_argument("--batch-sizes", type=_positive_int, nargs="+", default=[1, 8])
+    vlm.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    vlm.add_argument("--max-new-tokens", type=_positive_int, default=160)
+    vlm.add_argument("--depth", type=int)
+    vlm.add_argument("--top-k", type=int)
+    vlm.add_argument("--total-tokens", type=int)
+    vlm.add_argument("--repeats", type=_positive_int, default=3)
+    vlm.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    vlm.add_argument("--dtype", type=_dtype, default=torch.float32)
+    vlm.add_argument("--out", default="benchmarks")
+    vlm.add_argument("--name", help="report file stem (default vlm-captioner-<scale>-<device>)")
     bench.set_defaults(func=cmd_bench)
+
+    train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")
+    train.add_argument("--method", default="vispec", help="eagle | msd | vispec | dream | flash")
+    train.add_argument("--target", help="local HF VLM folder (default: the zoo captioner)")
+    train.add_argument("--data", help="captions .jsonl with image and caption fields (e.g. `specmm caption` output "
+                       "of the target itself: ViSpec's regeneration recipe)")
+    train.add_argument("--prompt", default="Describe the picture in detail.", help="instruction used with --data")
+    train.add_argument("--init", help="start from this drafter folder (e.g. a text-stage checkpoint)")
+    train.add_argument("--out", required=True, help="output folder (checkpoints under OUT/text, OUT/multimodal)")
+    train.add_argument("--scale", default="cpu")
+    train.add_argument("--scenes", type=_positive_int, default=512, help="zoo scenes to regenerate (no --data)")
+    train.add_argument("--text-steps", type=int, default=120)
+    train.add_argument("--multimodal-steps", type=int, default=330)
+    train.add_argument("--batch-size", type=_positive_int, default=8)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    train.add_argument("--dtype", type=_dtype, default=torch.float32)
+    train.set_defaults(func=cmd_train_drafter)
+
+    caption = sub.add_parser("caption", help="caption a folder of images with a VLM into a JSON-lines file")
+    caption.add_argument("--target", required=True, help="local HF VLM folder with its processor")
+    drafter = caption.add_mutually_exclusive_group(required=True)
+    drafter.add_argument("--drafter", help="specmm VisionDrafter folder, or 'prompt-lookup'")
+    drafter.add_argument("--draft-lm", help="local HF folder of a small causal LM with the target's vocabulary")
+    caption.add_argument("--images", required=True, help="a folder of images or a glob pattern")
+    caption.add_argument("--out", required=True, help="output .jsonl file (one line per image)")
+    caption.add_argument("--batch-size", type=_positive_int, default=8)
+    caption.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    caption.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    caption.add_argument("--prompt", help="instruction (default: specmm.vlm.caption.DEFAULT_PROMPT); the "
+                         "processor's image token is prepended when absent")
+    caption.add_argument("--resume", action="store_true", help="skip images already in --out")
+    caption.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    caption.add_argument("--dtype", type=_dtype, default=torch.float32)
+    caption.set_defaults(func=cmd_caption)
     return parser
 
 

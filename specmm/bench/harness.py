@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 class RunResult:
     rows: list[list[int]]  # new tokens of every row, padding stripped
     mean_accepted: float | None = None  # tokens per target forward (None for non-speculative methods)
+    extra: dict = field(default_factory=dict)  # method-specific columns (e.g. visual tokens seen)
 
 
 @dataclass
@@ -39,10 +40,11 @@ class BenchRow:
     tokens_per_s: float
     speedup: float  # over the baseline (first method)
     mean_accepted: float | None
-    matched: bool  # every row's tokens equal the baseline's
+    matched: bool | None  # every row's tokens equal the baseline's (None: not expected, e.g. sampling)
     new_tokens: int
     median_s: float
     note: str = ""
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -56,12 +58,14 @@ class BenchReport:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
 
     def table(self) -> str:
+        extras = list(dict.fromkeys(k for r in self.rows for k in r.extra))
         head = "| method | tokens/s | speedup | mean accepted | outputs match | new tokens | median s |"
-        lines = [head, "|---|---:|---:|---:|:---:|---:|---:|"]
+        lines = [head + "".join(f" {k} |" for k in extras), "|---|---:|---:|---:|:---:|---:|---:|" + "---:|" * len(extras)]
         for i, r in enumerate(self.rows):
             accepted = f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else ("1.00*" if i == 0 else "n/a")
-            lines.append(f"| {r.method} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {accepted} | "
-                         f"{'yes' if r.matched else 'NO'} | {r.new_tokens} | {r.median_s:.3f} |")
+            matched = "n/a" if r.matched is None else ("yes" if r.matched else "NO")
+            lines.append(f"| {r.method} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {accepted} | {matched} | "
+                         f"{r.new_tokens} | {r.median_s:.3f} |" + "".join(f" {r.extra.get(k, '-')} |" for k in extras))
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -119,5 +123,5 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
         base_rate = base_rate or rate
         rows.append(BenchRow(method=method.name, tokens_per_s=rate, speedup=rate / base_rate,
                              mean_accepted=result.mean_accepted, matched=result.rows == results[baseline].rows,
-                             new_tokens=new_tokens, median_s=median, note=method.note))
+                             new_tokens=new_tokens, median_s=median, note=method.note, extra=result.extra))
     return rows, results

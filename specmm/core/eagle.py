@@ -42,6 +42,28 @@ def head_config_for(model: nn.Module, **overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
+def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json as a dict, state dict) of a drafter folder: model.safetensors or an upstream
+    pytorch_model.bin (loaded with weights_only)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"path: {path} has no config.json (expected a drafter checkpoint folder)")
+    raw = json.loads((path / "config.json").read_text())
+    if (path / "model.safetensors").is_file():
+        return raw, load_file(path / "model.safetensors")
+    if (path / "pytorch_model.bin").is_file():
+        return raw, torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"path: {path} has neither model.safetensors nor pytorch_model.bin")
+
+
+def checkpoint_config(raw: dict) -> LlamaConfig:
+    """The head config of a checkpoint: upstream `bias` is the fc's, `qkv_bias` the attention's."""
+    config = LlamaConfig.from_dict(raw)
+    config.attention_bias = bool(raw.get("qkv_bias", False))
+    config._attn_implementation = "sdpa"
+    return config
+
+
 class EagleHead(nn.Module):
     """fc on [token embedding; feature] -> Llama decoder layer(s); no input norm on layer 0, no final norm."""
 
@@ -49,7 +71,7 @@ class EagleHead(nn.Module):
         super().__init__()
         self.config = config
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=getattr(config, "bias", True))
         inner = LlamaConfig.from_dict({**config.to_dict(), "vocab_size": 1, "pad_token_id": None,
                                        "bos_token_id": None, "eos_token_id": None})
         inner._attn_implementation = config._attn_implementation
@@ -94,6 +116,7 @@ class EagleDrafter:
     """EAGLE-1/2 drafter over a target: needs the target's features; tree nodes are never cached."""
 
     needs = frozenset({FEATURES})
+    layout = "eagle"  # recorded in the saved safetensors metadata
 
     def __init__(self, head: EagleHead, target_model: nn.Module):
         hidden = target_model.config.get_text_config().hidden_size
@@ -124,23 +147,12 @@ class EagleDrafter:
         """Load a head saved by `save_pretrained` or an upstream EAGLE-1/2 checkpoint folder."""
         path = Path(path)
         model = getattr(target, "model", target) if not isinstance(target, nn.Module) else target
-        if not (path / "config.json").is_file():
-            raise ValueError(f"path: {path} has no config.json (expected an EAGLE checkpoint folder)")
-        config = LlamaConfig.from_dict(json.loads((path / "config.json").read_text()))
-        if getattr(config, "qkv_bias", False) or getattr(config, "bias", False):
-            config.attention_bias = True
-        config._attn_implementation = "sdpa"
-        if (path / "model.safetensors").is_file():
-            state = load_file(path / "model.safetensors")
-        elif (path / "pytorch_model.bin").is_file():
-            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        else:
-            raise ValueError(f"path: {path} has neither model.safetensors nor pytorch_model.bin")
-        head = EagleHead(config)
-        head.load_upstream_state_dict(state)
+        raw, state = read_checkpoint(path)
+        config = checkpoint_config(raw)
         ref = next(model.parameters())
-        return cls(head.to(device=ref.device, dtype=ref.dtype), model)
-
+        head = EagleHead(config).to(device=ref.device, dtype=ref.dtype)  # cast first: no precision lost
+        head.load_upstream_state_dict(state)
+        return cls(head, model)
     def save_pretrained(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -148,7 +160,7 @@ class EagleDrafter:
         config.pop("_attn_implementation_internal", None)
         (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
         state = {k: v.detach().contiguous().cpu() for k, v in self.head.upstream_state_dict().items()}
-        save_file(state, path / "model.safetensors", metadata={"format": "pt", "layout": "eagle"})
+        save_file(state, path / "model.safetensors", metadata={"format": "pt", "layout": self.layout})
 
     def check_spec(self, spec: TreeSpec) -> None:
         return None
@@ -158,11 +170,12 @@ class EagleDrafter:
         batch, length = input_ids.shape
         self.runner = ModelRunner(self.head, batch)
         self.draft_forwards = 0
+        self.next_position = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B]
         hidden = self.head.config.hidden_size
         valid = attention_mask.bool()
         if length == 1:
             features = torch.zeros(batch, 1, hidden, device=input_ids.device, dtype=self.lm_head.weight.dtype)
-            self._set_pending(input_ids, features, valid)
+            self._set_pending(self._inputs(self.embed_tokens(input_ids), features), valid)
             return
         # pair (f_{t-1}, x_t) for t = 1..L-1; a row whose prompt is one token gets (0, x_0)
         pairs_valid = valid[:, 1:] & valid[:, :-1]
@@ -170,39 +183,54 @@ class EagleDrafter:
         features = target_features.clone()
         features[lone, -1] = 0
         pairs_valid[lone, -1] = True
-        self._set_pending(input_ids[:, 1:], features, pairs_valid)
+        self._set_pending(self._inputs(self.embed_tokens(input_ids[:, 1:]), features), pairs_valid)
 
-    def _set_pending(self, tokens: Tensor, features: Tensor, valid: Tensor) -> None:
-        self.pending_tokens, self.pending_features, self.pending_valid = tokens, features, valid
+    def _inputs(self, token_embeds: Tensor, features: Tensor) -> dict[str, Tensor]:
+        """Head inputs for slots whose token embeddings [B, n, H] pair with features [B, n, H]."""
+        return {"token_embeds": token_embeds, "features": features}
+
+    def _set_pending(self, inputs: dict[str, Tensor], valid: Tensor, positions: Tensor | None = None) -> None:
+        """Slots to run at the next draft: inputs [B, P, H] each, valid [B, P], optional positions [B, P]."""
+        if positions is None:
+            positions = self.next_position[:, None] + valid.long().cumsum(1) - 1
+        self.pending_inputs, self.pending_valid, self.pending_positions = inputs, valid, positions.clamp_min(0)
 
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         rows = torch.arange(roots.shape[0], device=roots.device)
-        out = self.runner.extend(self.pending_valid, token_embeds=self.embed_tokens(self.pending_tokens),
-                                 features=self.pending_features)
+        out = self.runner.extend(self.pending_valid, positions=self.pending_positions, **self.pending_inputs)
         self.draft_forwards += 1
-        root_hidden = out.last_hidden_state[rows, self.pending_valid.sum(1) - 1]  # [B, H]
-        root_position = self.runner.cache.lengths - 1
+        last = self.pending_valid.sum(1) - 1
+        root_hidden = out.last_hidden_state[rows, last]  # [B, H]
+        root_position = self.pending_positions[rows, last]  # [B] real position (may exceed the cache length)
+        self.next_position = root_position + 1
         slots = RoundSlots(root_hidden)
 
         def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
             depth = slots.child_depth(parent_slots)  # [B, n]
             self.draft_forwards += 1
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth,
-                                               token_embeds=self.embed_tokens(tokens),
-                                               features=slots.parent_hidden(parent_slots))
+                                               **self._inputs(self.embed_tokens(tokens),
+                                                              slots.parent_hidden(parent_slots)))
             slots.add(depth, out.last_hidden_state)
             return self.lm_head(out.last_hidden_state)
 
-        tree = grow_tree(spec, roots, self.lm_head(root_hidden), expand, sampling, generators)
+        tree = grow_tree(spec, roots, self.lm_head(root_hidden), self._expander(expand, root_hidden), sampling,
+                         generators)
         self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
         return tree
 
+    def _expander(self, expand, root_hidden: Tensor):
+        """The tree builder's callback (subclasses may answer some depths without a forward)."""
+        return expand
+
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         steps = torch.arange(result.path.shape[1], device=result.path.device)
-        self._set_pending(accepted_tokens(tree, result), path_features,
+        self._set_pending(self._inputs(self.embed_tokens(accepted_tokens(tree, result)), path_features),
                           steps[None, :] <= result.num_accepted[:, None])
 
     def select_rows(self, rows: Tensor) -> None:
         self.runner.cache.select_rows(rows)
-        self._set_pending(self.pending_tokens[rows], self.pending_features[rows], self.pending_valid[rows])
+        self.next_position = self.next_position[rows]
+        self._set_pending({k: v[rows] for k, v in self.pending_inputs.items()}, self.pending_valid[rows],
+                          self.pending_positions[rows])

@@ -93,7 +93,7 @@ def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterabl
     params = [p for p in drafter.head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
-    start = _resume(drafter, optimizer, schedule, checkpoint_dir)
+    start = resume_checkpoint(drafter, optimizer, schedule, checkpoint_dir)
     device = next(drafter.head.parameters()).device
     target_model.eval()
     drafter.head.train()
@@ -111,12 +111,12 @@ def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterabl
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if checkpoint_dir is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            _save(drafter, optimizer, schedule, step + 1, checkpoint_dir)
+            save_checkpoint(drafter, optimizer, schedule, step + 1, checkpoint_dir)
     drafter.head.eval()
     return losses
 
 
-def _save(drafter, optimizer, schedule, step: int, checkpoint_dir) -> None:
+def save_checkpoint(drafter, optimizer, schedule, step: int, checkpoint_dir) -> None:
     path = Path(checkpoint_dir)
     drafter.save_pretrained(path)
     state = {"step": step, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
@@ -124,7 +124,7 @@ def _save(drafter, optimizer, schedule, step: int, checkpoint_dir) -> None:
     (path / "trainer_state.pt.tmp").replace(path / "trainer_state.pt")  # atomic: a kill never leaves half a file
 
 
-def _resume(drafter, optimizer, schedule, checkpoint_dir) -> int:
+def resume_checkpoint(drafter, optimizer, schedule, checkpoint_dir) -> int:
     if checkpoint_dir is None or not (Path(checkpoint_dir) / "trainer_state.pt").is_file():
         return 0
     path = Path(checkpoint_dir)
@@ -132,6 +132,6 @@ def _resume(drafter, optimizer, schedule, checkpoint_dir) -> int:
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
-    logger.info("resumed EAGLE training from %s at step %d", path, state["step"])
+    logger.info("resumed drafter training from %s at step %d", path, state["step"])
     return int(state["step"])
 

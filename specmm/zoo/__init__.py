@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, code
+from specmm.zoo import captioner, captioner_drafters, code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,8 @@ register(ZooEntry("code", "Llama target + ~10x smaller Llama draft on the Python
                   code.RECIPES, code.build, version=2))
 register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural scenes, + text-only draft",
                   captioner.RECIPES, captioner.build))
+register(ZooEntry("captioner-drafters", "every VisionDrafter method (eagle, msd, vispec, dream, flash) trained "
+                  "against the captioner", captioner_drafters.RECIPES, captioner_drafters.build))
 
 
 def get(name: str) -> ZooEntry:

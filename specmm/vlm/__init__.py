@@ -1,0 +1,8 @@
+"""VLM targets (LLaVA, LLaVA-NeXT, Qwen2.5-VL) and the captioning pipeline; importing registers the targets."""
+
+from specmm.vlm.targets import LlavaTarget, Qwen2_5_VLTarget, VLMTarget, is_vision_language_model, vlm_target
+from specmm.vlm.pipeline import SpeculativeVLM, VLMGenerationResult, with_image_token
+from specmm.vlm.caption import CaptionSummary, caption_images, find_images
+from specmm.vlm.compressors import AttentionTopK, Bypass, Drop, Identity, LatentQueryPooling, LearnedQueryPooling
+from specmm.vlm.drafter import METHODS, VisionDrafter
+from specmm.vlm.train import DrafterTrainConfig, train_drafter

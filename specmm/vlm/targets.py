@@ -1,0 +1,401 @@
+"""Target adapters for stock HF vision-language models: LLaVA, LLaVA-NeXT and Qwen2.5-VL.
+
+The prompt, image tokens included, is prefilled through the model's own forward, so the vision tower, the
+projector and the embedding merge stay stock code; generated tokens are then verified exactly like a text
+LM's (`HFCausalLMTarget`). Qwen2.5-VL adds M-RoPE: the prompt gets the model's own 3-D positions
+(`get_rope_index`) and every later token `committed length + depth + rope_delta` on all three axes, as HF
+`generate` does. Importing `specmm.vlm` registers these adapters with `specmm.core.as_target`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import (
+    LlavaForConditionalGeneration,
+    LlavaNextForConditionalGeneration,
+    Qwen2_5_VLForConditionalGeneration,
+)
+from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+from specmm.core.target import (
+    FEATURES,
+    INPUTS_EMBEDS,
+    HFCausalLMTarget,
+    PrefillOutput,
+    TargetOutput,
+    register_target_adapter,
+)
+from specmm.core.tree import DraftTree
+
+logger = logging.getLogger(__name__)
+
+
+class _InputsEmbedsCapture:
+    """Forward pre-hook keeping the `inputs_embeds` a module is called with (the merged prompt embeddings)."""
+
+    def __init__(self, module: nn.Module):
+        self.value: Tensor | None = None
+        self._handle = module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        self.value = kwargs.get("inputs_embeds")
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+IMAGE_MASK, IMAGE_ATTENTION = "image_mask", "image_attention"  # PrefillOutput.extras keys
+
+
+class _LastLayerAttention:
+    """Attention each prompt position receives in the last layer (mean over heads and the queries that see
+    it), for drafters that prune image tokens by it (DREAM). The last layer's attention is re-run once in
+    eager mode on its captured inputs, so the prefill itself (and its cache) stays the stock computation."""
+
+    def __init__(self, language_model: nn.Module):
+        self.module = language_model.layers[-1].self_attn
+        self.kwargs: dict = {}
+        self._handle = self.module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        self.kwargs = dict(kwargs)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+    def scores(self) -> Tensor:
+        """[B, L-1] attention received per position (rows: the prefill block)."""
+        kwargs = dict(self.kwargs, past_key_values=None)
+        mask = kwargs["attention_mask"]  # [B, 1, n, n] over the block (the cache was empty at prefill)
+        sees = mask if mask.dtype == torch.bool else mask == 0
+        dtype = kwargs["hidden_states"].dtype
+        kwargs["attention_mask"] = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
+            ~sees, torch.finfo(dtype).min)
+        config = self.module.config
+        backend = config._attn_implementation
+        config._attn_implementation = "eager"
+        try:
+            weights = self.module(**kwargs)[1].float().mean(1)  # [B, n, n]
+        finally:
+            config._attn_implementation = backend
+        queries = sees[:, 0].float()  # [B, n, n] which query sees which key
+        return (weights * queries).sum(1) / queries.sum(1).clamp_min(1.0)
+
+
+class VLMTarget(HFCausalLMTarget):
+    """Shared VLM adapter: input checks, image-count checks and a prefill that also returns the merged
+    input embeddings and the image mask. Subclasses say which inputs they take and how many image
+    tokens each image fills."""
+
+    provides = frozenset({FEATURES, INPUTS_EMBEDS, IMAGE_ATTENTION})
+    model_input_names: tuple[str, ...] = ("pixel_values",)
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.image_token_id = int(model.config.image_token_id)
+        self._images_given = False
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The target's (frozen) token embedding, shared with drafters."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def language_model(self) -> nn.Module:
+        """The inner decoder: it is called with the merged embeddings (image rows = projected vision features)."""
+        return self.model.model.language_model
+
+    # ------------------------------------------------------------------------------------------- checks
+
+    def check_model_inputs(self, model_inputs: dict) -> None:
+        """Raise ValueError for inputs this target does not take or whose shapes cannot fit (before any work)."""
+        unknown = sorted(set(model_inputs) - set(self.model_input_names))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not an input of {type(self).__name__} "
+                             f"({type(self.model).__name__}); it takes {', '.join(self.model_input_names)}")
+        for name, value in model_inputs.items():
+            if not isinstance(value, Tensor):
+                raise ValueError(f"{name}: expected a tensor, got {type(value).__name__}")
+        self._check_shapes(model_inputs)
+
+    def _check_shapes(self, model_inputs: dict) -> None:
+        pixels = model_inputs.get("pixel_values")
+        if pixels is not None and pixels.dim() != 4:
+            raise ValueError(f"pixel_values: expected [images, channels, height, width], got shape "
+                             f"{tuple(pixels.shape)}")
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        """Image tokens each image of `model_inputs` fills in input_ids (None when it cannot be told cheaply)."""
+        raise NotImplementedError
+
+    def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
+        """[B] bool: rows whose last prompt token is an image token, when the inputs tell (else None)."""
+        return None
+
+    def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        """Raise ValueError when images and image tokens disagree. Called by `prefill` before any forward, on
+        the prompt minus its last token (the engine verifies that token as the first root, without pixels)."""
+        is_image = (input_ids == self.image_token_id) & attention_mask.bool()  # [B, L-1]
+        found = int(is_image.sum())
+        last_image = self.last_token_is_image(model_inputs)
+        if last_image is not None and bool(last_image.any()):
+            _raise_last_token_image(last_image)
+        if model_inputs.get("pixel_values") is None:
+            if found:
+                raise ValueError(f"input_ids: hold {found} image tokens (id {self.image_token_id}) but no "
+                                 "pixel_values were given")
+            return
+        counts = self.tokens_per_image(model_inputs)
+        expected = None if counts is None else sum(counts)
+        if found == expected:
+            return
+        ends_in_image = is_image[:, -1] if input_ids.shape[1] else is_image.new_zeros(input_ids.shape[0])
+        if last_image is None and expected is not None and 0 < expected - found == int(ends_in_image.sum()):
+            _raise_last_token_image(ends_in_image)  # each such row's missing image token is its last token
+        if found == 0:
+            raise ValueError(f"pixel_values: given but input_ids hold no image tokens (id {self.image_token_id}); "
+                             "put the processor's image token in the prompt")
+        if counts is None:
+            return
+        runs = int((is_image[:, 1:] & ~is_image[:, :-1]).sum() + is_image[:, 0].sum())  # contiguous image spans
+        raise ValueError(_count_mismatch(counts, found, runs))
+
+    # ------------------------------------------------------------------------------------------ running
+
+    def forward_inputs(self, model_inputs: dict) -> dict:
+        """The model inputs passed to the prefill forward, on the target's device."""
+        return {k: v.to(self.device) for k, v in model_inputs.items()}
+
+    def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
+        """Positions of the prefix ([B, L-1], or [3, B, L-1] for M-RoPE); None: continue each row's count."""
+        return None
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
+        self.check_images(input_ids, attention_mask, model_inputs)
+        self._images_given = model_inputs.get("pixel_values") is not None
+        valid = attention_mask.bool()  # [B, L-1]
+        extras = {IMAGE_MASK: (input_ids == self.image_token_id) & valid}  # [B, L-1]
+        positions = self.prefill_positions(input_ids, attention_mask, model_inputs)
+        extras.update(self.prefill_extras())
+        if input_ids.shape[1] == 0:
+            return PrefillOutput(extras=extras)
+        capture = _InputsEmbedsCapture(self.language_model) if INPUTS_EMBEDS in self.needs else None
+        attention = _LastLayerAttention(self.language_model) if IMAGE_ATTENTION in self.needs else None
+        try:
+            self.runner.extend(valid, positions=positions, input_ids=input_ids, logits_to_keep=1,
+                               **self.forward_inputs(model_inputs))
+            if attention is not None:
+                extras[IMAGE_ATTENTION] = attention.scores()  # [B, L-1]
+        finally:
+            for hook in (capture, attention):
+                if hook is not None:
+                    hook.close()
+        return PrefillOutput(features=self.runner.captured, extras=extras,
+                             inputs_embeds=capture.value if capture is not None else None)
+
+    def prefill_extras(self) -> dict:
+        return {}
+
+    def check_roots(self, tree: DraftTree) -> None:
+        """First verify after an image prefill: a root that is an image token means the prompt ended inside an
+        image, which the prefix counts could not show (more image tokens than features)."""
+        if self._images_given:
+            self._images_given = False
+            roots = tree.tokens[:, 0] == self.image_token_id  # [B]
+            if bool(roots.any()):
+                _raise_last_token_image(roots)
+
+    @torch.no_grad()
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        self.check_roots(tree)
+        return super().verify(tree)
+
+
+def _raise_last_token_image(rows: Tensor) -> None:
+    raise ValueError(f"input_ids: the last prompt token of row(s) {rows.nonzero().flatten().tolist()} is an image "
+                     "token; end each prompt with text after the image (the last prompt token is verified as "
+                     "the first draft root, without pixels)")
+
+
+def _count_mismatch(counts: list[int], found: int, runs: int) -> str:
+    """'pixel_values: 2 images but input_ids hold image tokens for 3' when the counts (or, failing that, the
+    number of contiguous image-token spans) tell, else the totals."""
+    images = len(counts)
+    holds = None
+    if counts and all(c == counts[0] for c in counts) and found % counts[0] == 0:
+        holds = found // counts[0]
+    elif found in itertools.accumulate(counts):
+        holds = list(itertools.accumulate(counts)).index(found) + 1
+    elif runs != images:
+        holds = runs
+    if holds is not None:
+        return f"pixel_values: {images} images but input_ids hold image tokens for {holds}"
+    return (f"pixel_values: {images} images need {sum(counts)} image tokens ({', '.join(map(str, counts))}) "
+            f"but input_ids hold {found}")
+
+
+class LlavaTarget(VLMTarget):
+    """`LlavaForConditionalGeneration` and `LlavaNextForConditionalGeneration` (anyres tiles, `image_sizes`)."""
+
+    model_input_names = ("pixel_values", "image_sizes")  # image_sizes: LLaVA-NeXT, or variable-size towers
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.anyres = isinstance(model, LlavaNextForConditionalGeneration)
+
+    def _check_shapes(self, model_inputs: dict) -> None:
+        pixels, sizes = model_inputs.get("pixel_values"), model_inputs.get("image_sizes")
+        if not self.anyres:
+            return super()._check_shapes(model_inputs)
+        if pixels is None:
+            return
+        if pixels.dim() not in (4, 5):
+            raise ValueError(f"pixel_values: expected [images, tiles, channels, height, width] (or the tiles "
+                             f"concatenated, 4-D), got shape {tuple(pixels.shape)}")
+        if sizes is None:
+            raise ValueError("image_sizes: required with pixel_values for LLaVA-NeXT (the processor returns it)")
+        if sizes.dim() != 2 or sizes.shape[1] != 2:
+            raise ValueError(f"image_sizes: expected [images, 2] (height, width), got shape {tuple(sizes.shape)}")
+        if pixels.dim() == 5 and pixels.shape[0] != sizes.shape[0]:
+            raise ValueError(f"image_sizes: {sizes.shape[0]} rows but pixel_values holds {pixels.shape[0]} images")
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        config = self.model.config
+        if config.vision_feature_select_strategy != "default":
+            return None
+        if self.anyres:
+            return [self._anyres_tokens(size) for size in model_inputs["image_sizes"].tolist()]
+        if model_inputs.get("image_sizes") is not None:  # variable-size vision towers (e.g. Pixtral)
+            return None
+        tower = self.model.model.vision_tower
+        positions = getattr(getattr(getattr(tower, "vision_model", tower), "embeddings", None), "num_positions", None)
+        if positions is None:
+            return None
+        return [int(positions) - 1] * model_inputs["pixel_values"].shape[0]  # "default" drops the first token
+
+    def _anyres_tokens(self, size: list[int]) -> int:
+        """LLaVA-NeXT tokens of one image: base tile + the unpadded anyres grid with a newline per row."""
+        vision = self.model.config.vision_config
+        side = vision.image_size // vision.patch_size
+        rows, cols = get_anyres_image_grid_shape(size, self.model.config.image_grid_pinpoints, vision.image_size)
+        kept = unpad_image(torch.empty(0, rows * side, cols * side), size).shape  # [0, H', W']
+        return side * side + kept[1] * (kept[2] + 1)
+
+
+class Qwen2_5_VLTarget(VLMTarget):
+    """`Qwen2_5_VLForConditionalGeneration` (images): M-RoPE positions from the model's own `get_rope_index`,
+    one `rope_delta` per row ([B, 1]) shifting every later position on all three axes."""
+
+    model_input_names = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
+        super().start(batch, needs)
+        self.rope_deltas = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # [B, 1]
+
+    def _check_shapes(self, model_inputs: dict) -> None:
+        pixels, grid = model_inputs.get("pixel_values"), model_inputs.get("image_grid_thw")
+        if pixels is None:
+            if grid is not None:
+                raise ValueError("image_grid_thw: given without pixel_values")
+            return
+        if pixels.dim() != 2:
+            raise ValueError(f"pixel_values: expected flattened patches [patches, channels * patch volume] as the "
+                             f"Qwen2.5-VL processor returns them, got shape {tuple(pixels.shape)}")
+        if grid is None:
+            raise ValueError("image_grid_thw: required with pixel_values for Qwen2.5-VL (the processor returns it)")
+        if grid.dim() != 2 or grid.shape[1] != 3:
+            raise ValueError(f"image_grid_thw: expected [images, 3] (t, h, w), got shape {tuple(grid.shape)}")
+        if int(grid.prod(-1).sum()) != pixels.shape[0]:
+            raise ValueError(f"pixel_values: {pixels.shape[0]} patches but image_grid_thw describes "
+                             f"{int(grid.prod(-1).sum())}")
+        if model_inputs.get("mm_token_type_ids") is None:
+            raise ValueError("mm_token_type_ids: required with pixel_values for Qwen2.5-VL M-RoPE positions (the "
+                             "processor returns it)")
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        merge = self.model.config.vision_config.spatial_merge_size
+        return (model_inputs["image_grid_thw"].prod(-1) // merge**2).tolist()
+
+    def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
+        types = model_inputs.get("mm_token_type_ids")
+        return None if types is None else types[:, -1] != 0
+
+    def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        types = model_inputs.get("mm_token_type_ids")
+        if types is not None:
+            if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
+                raise ValueError(f"mm_token_type_ids: shape {tuple(types.shape)} does not match input_ids "
+                                 f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
+            marked = types[:, :-1].to(input_ids.device) == 1
+            if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
+                raise ValueError("mm_token_type_ids: does not mark exactly the image tokens of input_ids")
+        super().check_images(input_ids, attention_mask, model_inputs)
+
+    def forward_inputs(self, model_inputs: dict) -> dict:
+        # positions are given explicitly, so the model never needs the token types (which cover the full prompt)
+        return {k: v.to(self.device) for k, v in model_inputs.items() if k != "mm_token_type_ids"}
+
+    def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
+        """[3, B, L-1] M-RoPE positions of the prefix, computed on the full prompt (its last token is text);
+        keeps each row's rope delta (last position + 1 - real length) for the positions of later tokens."""
+        grid = model_inputs.get("image_grid_thw")
+        if grid is None:
+            return None  # text only: 1-D positions on all axes, delta 0 (as HF generate)
+        batch = input_ids.shape[0]
+        ones = attention_mask.new_ones(batch, 1)
+        positions, deltas = self.model.model.get_rope_index(
+            torch.cat([input_ids, input_ids.new_zeros(batch, 1)], 1),  # the last token's value is not read
+            mm_token_type_ids=model_inputs["mm_token_type_ids"].to(self.device),
+            image_grid_thw=grid.to(self.device),
+            attention_mask=torch.cat([attention_mask, ones], 1))
+        self.rope_deltas = deltas.to(self.device, torch.long).view(batch, 1)  # [B, 1]
+        return positions[:, :, :-1]  # [3, B, L-1]
+
+    def prefill_extras(self) -> dict:
+        return {"rope_deltas": self.rope_deltas}
+
+    @torch.no_grad()
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        self.check_roots(tree)
+        positions = self.runner.cache.lengths[:, None] + tree.depth + self.rope_deltas  # [B, T]
+        out = self.runner.forward(positions.expand(3, -1, -1), tree.ancestors, input_ids=tree.tokens)
+        return TargetOutput(logits=out.logits, features=self.runner.captured)
+
+    def select_rows(self, rows: Tensor) -> None:
+        super().select_rows(rows)
+        self.rope_deltas = self.rope_deltas[rows]
+
+
+SUPPORTED: dict[type, type[VLMTarget]] = {
+    LlavaForConditionalGeneration: LlavaTarget,
+    LlavaNextForConditionalGeneration: LlavaTarget,
+    Qwen2_5_VLForConditionalGeneration: Qwen2_5_VLTarget,
+}
+
+
+def is_vision_language_model(model: Any) -> bool:
+    """True for HF models whose config has a vision tower (the models this module adapts or rejects)."""
+    return isinstance(model, nn.Module) and getattr(getattr(model, "config", None), "vision_config", None) is not None
+
+
+def vlm_target(model: nn.Module) -> VLMTarget:
+    """The adapter for a supported VLM; ValueError naming the supported classes otherwise."""
+    for model_class, adapter in SUPPORTED.items():
+        if isinstance(model, model_class):
+            logger.debug("target: %s for %s", adapter.__name__, type(model).__name__)
+            return adapter(model)
+    names = ", ".join(c.__name__ for c in SUPPORTED)
+    raise ValueError(f"target: {type(model).__name__} is not supported; supported: {names}")
+
+
+register_target_adapter(is_vision_language_model, vlm_target)
