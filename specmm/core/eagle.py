@@ -42,6 +42,11 @@ def head_config_for(model: nn.Module, **overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
+def target_module(target) -> nn.Module:
+    """The HF model behind `target` (an HF model, or a specmm target adapter holding it as `.model`)."""
+    return target if isinstance(target, nn.Module) else getattr(target, "model", target)
+
+
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
     """(config.json as a dict, state dict) of a drafter folder: model.safetensors or an upstream
     pytorch_model.bin (loaded with weights_only)."""
@@ -60,7 +65,6 @@ def checkpoint_config(raw: dict) -> LlamaConfig:
     """The head config of a checkpoint: upstream `bias` is the fc's, `qkv_bias` the attention's."""
     config = LlamaConfig.from_dict(raw)
     config.attention_bias = bool(raw.get("qkv_bias", False))
-    config._attn_implementation = "sdpa"
     return config
 
 
@@ -135,24 +139,33 @@ class EagleDrafter:
     @classmethod
     def for_target(cls, target, **config_overrides) -> EagleDrafter:
         """A freshly initialised head sized for `target` (an HF model or a specmm target adapter)."""
-        model = getattr(target, "model", target) if not isinstance(target, nn.Module) else target
-        config = head_config_for(model, **config_overrides)
-        config._attn_implementation = "sdpa"
-        ref = next(model.parameters())
-        head = EagleHead(config).to(device=ref.device, dtype=ref.dtype)
-        return cls(head, model)
+        model = target_module(target)
+        return cls._build(model, head_config_for(model, **config_overrides))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target) -> EagleDrafter:
         """Load a head saved by `save_pretrained` or an upstream EAGLE-1/2 checkpoint folder."""
-        path = Path(path)
-        model = getattr(target, "model", target) if not isinstance(target, nn.Module) else target
         raw, state = read_checkpoint(path)
-        config = checkpoint_config(raw)
+        return cls._build(target_module(target), checkpoint_config(raw), state)
+
+    @classmethod
+    def _build(cls, model: nn.Module, config: LlamaConfig, state: dict[str, Tensor] | None = None) -> EagleDrafter:
+        """A head of `config` on the target's device and dtype, with `state` (upstream keys) loaded if given."""
+        config._attn_implementation = "sdpa"
+        cls._check_config(config, model)
         ref = next(model.parameters())
-        head = EagleHead(config).to(device=ref.device, dtype=ref.dtype)  # cast first: no precision lost
-        head.load_upstream_state_dict(state)
+        head = cls._new_head(config).to(device=ref.device, dtype=ref.dtype)  # cast first: no precision lost
+        if state is not None:
+            head.load_upstream_state_dict(state)
         return cls(head, model)
+
+    @classmethod
+    def _new_head(cls, config: LlamaConfig) -> nn.Module:
+        return EagleHead(config)
+
+    @classmethod
+    def _check_config(cls, config: LlamaConfig, model: nn.Module) -> None:
+        """Raise before any weights are built or loaded when `config` cannot serve `model` (subclasses)."""
     def save_pretrained(self, path: str | Path) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ Input features get uniform noise, as upstream, so the head tolerates its own imp
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,26 +90,41 @@ def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterabl
     resumes from the last checkpoint. Returns the loss of every step run by this call.
     """
     config = config or EagleTrainConfig()
+    device = next(drafter.head.parameters()).device
+    target_model.eval()
+    data = _batches(batches)
+
+    def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
+        ids, mask = (t.to(device) for t in next(data))
+        return eagle_loss(drafter, target_features(target_model, ids, mask), ids, mask, config), {}
+
+    return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc="eagle", progress=progress)
+
+
+def train_head(drafter, step_loss: Callable[[int], tuple[Tensor, dict[str, float]]], config: EagleTrainConfig, *,
+               checkpoint_dir: str | Path | None = None, desc: str = "drafter", progress: bool = True,
+               on_step: Callable[[int, float, dict], None] | None = None) -> list[float]:
+    """The optimisation loop every drafter head shares: AdamW with linear warm-up, value clipping, a tqdm
+    bar, checkpoints every `checkpoint_every` steps and resume. `step_loss(step)` gives the step's loss and
+    figures to show (and pass to `on_step`). Returns the loss of every step run by this call."""
     params = [p for p in drafter.head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
     start = resume_checkpoint(drafter, optimizer, schedule, checkpoint_dir)
-    device = next(drafter.head.parameters()).device
-    target_model.eval()
     drafter.head.train()
     losses = []
-    data = _batches(batches)
-    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc="eagle", disable=not progress)
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=desc, disable=not progress)
     for step in bar:
-        ids, mask = (t.to(device) for t in next(data))
-        loss = eagle_loss(drafter, target_features(target_model, ids, mask), ids, mask, config)
+        loss, parts = step_loss(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(params, config.grad_clip)
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", **{k: f"{v:.2f}" for k, v in parts.items()})
+        if on_step is not None:
+            on_step(step, losses[-1], parts)
         if checkpoint_dir is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
             save_checkpoint(drafter, optimizer, schedule, step + 1, checkpoint_dir)
     drafter.head.eval()

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 from transformers import LlamaConfig
 
-from specmm.core.eagle import EagleDrafter, checkpoint_config, head_config_for, read_checkpoint
-from specmm.core.target import FEATURES, INPUTS_EMBEDS, PrefillOutput, output_vocab_size
+from specmm.core.eagle import EagleDrafter, checkpoint_config, head_config_for, read_checkpoint, target_module
+from specmm.core.target import FEATURES, INPUTS_EMBEDS, ModelRunner, PrefillOutput, output_vocab_size
 from specmm.core.tree import TreeSpec
 from specmm.vlm.heads import METHODS, DreamHead, VisionHead
 from specmm.vlm.targets import IMAGE_ATTENTION, IMAGE_MASK
@@ -26,10 +26,6 @@ logger = logging.getLogger(__name__)
 
 METHOD_DEFAULTS = {"vispec": {"num_q": 2}, "flash": {"num_latents": 64, "sar_steps": 3},
                    "dream": {"keep_ratio": 0.75}}
-
-
-def _target_model(target) -> nn.Module:
-    return target if isinstance(target, nn.Module) else getattr(target, "model", target)
 
 
 class VisionDrafter(EagleDrafter):
@@ -53,26 +49,25 @@ class VisionDrafter(EagleDrafter):
         """A freshly initialised drafter of `method` sized for `target` (an HF VLM or a specmm target)."""
         if method not in METHODS:
             raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-        model = _target_model(target)
+        model = target_module(target)
         fields = {**METHOD_DEFAULTS.get(method, {}), **overrides}
-        config = head_config_for(model, specmm_method=method, **fields)
-        config._attn_implementation = "sdpa"
-        ref = next(model.parameters())
-        head = _make_head(config).to(device=ref.device, dtype=ref.dtype)
-        return cls(head, model)
+        return cls._build(model, head_config_for(model, specmm_method=method, **fields))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target) -> VisionDrafter:
         """Load specmm's format or an upstream EAGLE-1/2 / ViSpec / DREAM checkpoint folder."""
-        model = _target_model(target)
         raw, state = read_checkpoint(path)
         method = raw.get("specmm_method") or _method_from_keys(state)
         config = checkpoint_config({**METHOD_DEFAULTS.get(method, {}), **raw, "specmm_method": method})
+        return cls._build(target_module(target), config, state)
+
+    @classmethod
+    def _new_head(cls, config: LlamaConfig) -> VisionHead | DreamHead:
+        return DreamHead(config) if config.specmm_method == "dream" else VisionHead(config)
+
+    @classmethod
+    def _check_config(cls, config: LlamaConfig, model: nn.Module) -> None:
         _check_fits(config, model)
-        ref = next(model.parameters())
-        head = _make_head(config).to(device=ref.device, dtype=ref.dtype)  # cast first: no precision lost
-        head.load_upstream_state_dict(state)
-        return cls(head, model)
 
     def check_spec(self, spec: TreeSpec) -> None:
         if self.method == "flash" and spec.depth > self.head.config.sar_steps + 1:
@@ -92,8 +87,6 @@ class VisionDrafter(EagleDrafter):
         self.global_vector = self.global_vector[rows]
 
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
-        from specmm.core.target import ModelRunner
-
         self.runner = ModelRunner(self.head, input_ids.shape[0])
         self.draft_forwards = 0
         inputs, valid, positions, global_vector, stats = self.prefill_inputs(input_ids, attention_mask, prefill)
@@ -207,10 +200,6 @@ def _runs(mask: Tensor) -> list[tuple[int, int]]:
     padded = torch.cat([mask.new_zeros(1), mask, mask.new_zeros(1)]).to(torch.int8)
     edges = (padded[1:] - padded[:-1]).nonzero().flatten().tolist()
     return list(zip(edges[::2], edges[1::2]))
-
-
-def _make_head(config: LlamaConfig) -> VisionHead | DreamHead:
-    return DreamHead(config) if config.specmm_method == "dream" else VisionHead(config)
 
 
 def _method_from_keys(state: dict[str, Tensor]) -> str:

@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from specmm.core.eagle_train import EagleTrainConfig, resume_checkpoint, save_checkpoint
+from specmm.core.eagle_train import EagleTrainConfig, train_head
 from specmm.core.target import PrefillOutput, final_norm
 from specmm.vlm.drafter import IMAGE_ATTENTION, IMAGE_MASK, VisionDrafter
 
@@ -208,17 +207,10 @@ def train_drafter(target: nn.Module, processor, drafter: VisionDrafter, dataset:
         raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     config = config or DrafterTrainConfig()
     batches = _batch_source(dataset)
-    params = [p for p in drafter.head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(config.warmup_steps, 1)))
-    start = resume_checkpoint(drafter, optimizer, schedule, checkpoint_dir)
     device = next(drafter.head.parameters()).device
     target.eval()
-    drafter.head.train()
-    losses = []
-    bar = tqdm(range(start, config.steps), initial=start, total=config.steps,
-               desc=f"{drafter.method}/{stage}", disable=not progress)
-    for step in bar:
+
+    def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
         batch = {k: v.to(device) for k, v in batches(step).items()}
         if stage == "text":
             batch = without_images(batch, target.config.image_token_id)
@@ -226,19 +218,10 @@ def train_drafter(target: nn.Module, processor, drafter: VisionDrafter, dataset:
         loss, parts = drafter_loss(drafter, passed, batch, stage, config)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"train_drafter: loss is {loss.item()} at step {step}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_value_(params, config.grad_clip)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", top1=f"{parts['top1']:.2f}")
-        if on_step is not None:
-            on_step(step, losses[-1], parts)
-        if checkpoint_dir is not None and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            save_checkpoint(drafter, optimizer, schedule, step + 1, checkpoint_dir)
-    drafter.head.eval()
-    return losses
+        return loss, parts
+
+    return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc=f"{drafter.method}/{stage}",
+                      progress=progress, on_step=on_step)
 
 
 def without_images(batch: dict[str, Tensor], image_token_id: int) -> dict[str, Tensor]:
