@@ -171,8 +171,7 @@ def _mkdir(path: str):
 def cmd_demo(args) -> int:
     from specmm.demo import run_demo
 
-    run_demo(scale=args.scale, batch=args.batch_size, max_new_tokens=args.max_new_tokens, out=args.out,
-             device=args.device)
+    run_demo(scale=args.scale, out=args.out, device=args.device, build_all=args.all)
     return 0
 
 
@@ -226,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="build the reference models if needed and run the main job side by side")
     demo.add_argument("--scale", default="cpu")
-    demo.add_argument("--batch-size", type=int, default=4)
-    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--all", action="store_true",
+                      help="also build (once) and run every section whose zoo entries are not built yet")
     demo.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     demo.add_argument("--out", default="demo_report.html")
     demo.set_defaults(func=cmd_demo)

@@ -1,9 +1,9 @@
 """`make demo` / `specmm demo`: the main jobs on the built-in reference models, side by side with the target.
 
-1. Captioning (the headline): held-out procedural scenes captioned by the zoo LLaVA captioner alone and with
-   specmm's VisionDrafters (ViSpec, EAGLE), batch 8, greedy.
-2. Code completion: held-out Python snippets with the zoo `code` pair through the core.
-Missing zoo entries are trained on first use (cached). Prints the tables and writes `demo_report.html`
+The headline section, captioning held-out procedural scenes with the zoo LLaVA captioner alone and with
+specmm's ViSpec drafter (batch 8, greedy), always runs and trains what it needs on first use (cached).
+Every other section (code completion through the core, one per modality) runs when its zoo entries are
+built, or with `--all`, which builds them. Prints one table per section and writes `demo_report.html`
 (inputs, outputs, tables).
 """
 
@@ -13,36 +13,57 @@ import base64
 import html
 import io
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specmm import zoo
 from specmm.bench.core import CoreBenchSetup, bench_core
-from specmm.bench.harness import BenchReport, RunResult
+from specmm.bench.harness import BenchReport
 from specmm.bench.inputs import from_zoo
 from specmm.core.tree import TreeSpec
 
 
+@dataclass(frozen=True)
+class DemoSection:
+    title: str
+    needs: tuple[str, ...]  # zoo entries the section loads
+    run: Callable[[str, str], tuple[BenchReport, str]]  # (scale, device) -> (report, html body)
+    cpu_build_minutes: int  # time to train `needs` once at --scale cpu on two idle cores (for the skip message)
+
+
+def _built(name: str, scale: str) -> bool:
+    try:
+        zoo.path(name, scale)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
-    """The captioning section: (report, html)."""
+    """Captioning: the zoo captioner alone vs ViSpec (and EAGLE when `captioner-drafters` is built)."""
     from specmm.bench.vlm import VLMBenchSetup, bench_vlm, heldout_seeds, scene_images
     from specmm.vlm import VisionDrafter
     from specmm.zoo import captioner
 
     print("specmm demo: captioning held-out scenes with the zoo LLaVA captioner (trained here on first use)")
     models = captioner.load(zoo.build("captioner", scale), device=torch.device(device))
-    folder = zoo.build("captioner-drafters", scale)
-    drafters = {m: VisionDrafter.from_pretrained(folder / m, models.target) for m in ("vispec", "eagle")}
-    setup = VLMBenchSetup(scenes=8, batch_sizes=(8,), temperatures=(0.0,), repeats=2,
-                          tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6))
+    drafters = {"vispec": VisionDrafter.from_pretrained(zoo.build("captioner-vispec", scale) / "vispec",
+                                                        models.target)}
+    if _built("captioner-drafters", scale):
+        drafters["eagle"] = VisionDrafter.from_pretrained(zoo.path("captioner-drafters", scale) / "eagle",
+                                                          models.target)
+    micro = scale == "tiny"  # untrained micro models never stop by themselves: keep their runs short
+    setup = VLMBenchSetup(scenes=8, batch_sizes=(8,), temperatures=(0.0,), repeats=1 if micro else 2,
+                          max_new_tokens=12 if micro else 160, tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6))
     reports, outputs = bench_vlm(models, drafters, setup, command=f"specmm demo --scale {scale}",
                                  description={"scale": scale, "target": f"zoo captioner-{scale}"})
     report = reports[0]
-    print(report.table())
     runs = outputs[0.0, 8]
     names = list(runs)
-    baseline, vispec = runs[names[0]], runs[names[2]]
+    baseline, vispec = runs[names[0]], runs[next(n for n in names if "vispec" in n)]
     tokenizer = models.processor.tokenizer
     cells = []
     for i, image in enumerate(scene_images(models, heldout_seeds(scale)[: setup.scenes])):
@@ -53,19 +74,13 @@ def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
                      f"<td>{html.escape(tokenizer.decode(baseline.rows[i], skip_special_tokens=True))}</td>"
                      f"<td>{html.escape(tokenizer.decode(vispec.rows[i], skip_special_tokens=True))}</td>"
                      f"<td>{'identical' if baseline.rows[i] == vispec.rows[i] else 'DIFFERENT'}</td></tr>")
-    body = (f"<h2>Captioning</h2>{_table_html(report)}<p>Target alone vs {html.escape(names[2])}.</p>"
+    body = (f"{table_html(report)}<p>Target alone vs ViSpec.</p>"
             f"<table><tr><th>scene</th><th>target alone</th><th>specmm</th><th></th></tr>{''.join(cells)}</table>")
     return report, body
 
 
-def run_demo(scale: str = "cpu", batch: int = 4, max_new_tokens: int = 96, out: str | Path = "demo_report.html",
-             device: str = "cpu") -> BenchReport:
-    caption_report, caption_html = run_captioning(scale, device)
-    try:
-        zoo.path("code", scale)
-    except FileNotFoundError:
-        print(f"specmm demo: training the reference models (zoo entry 'code', scale {scale}) on this machine; "
-              "this happens once and is cached under $SPECMM_HOME")
+def run_code(scale: str, device: str, batch: int = 4, max_new_tokens: int = 96) -> tuple[BenchReport, str]:
+    """Code completion: held-out Python snippets with the zoo `code` pair through the core."""
     data = from_zoo("code", scale, batch, torch.device(device), torch.float32)
     # short drafts: on CPU every draft forward costs ~0.2 target forwards (framework overhead), so long
     # chains and wide trees do not pay there; the GPU benchmarks use longer ones
@@ -77,14 +92,49 @@ def run_demo(scale: str = "cpu", batch: int = 4, max_new_tokens: int = 96, out: 
                                      "Greedy decoding: every speculative method must reproduce the target's tokens.",
                                      "Tiny CPU models: per-forward overhead, not FLOPs, sets the cost; GPU reports "
                                      "are in benchmarks/."])
-    print(report.table())
+    names = list(outputs)
+    baseline, speculative = outputs[names[0]], outputs[names[min(2, len(names) - 1)]]
+    cells = [f"<tr><td><pre>{html.escape(prompt)}</pre></td>"
+             f"<td><pre>{html.escape(data.tokenizer.decode(baseline.rows[i]))}</pre></td>"
+             f"<td><pre>{html.escape(data.tokenizer.decode(speculative.rows[i]))}</pre></td>"
+             f"<td>{'identical' if baseline.rows[i] == speculative.rows[i] else 'DIFFERENT'}</td></tr>"
+             for i, prompt in enumerate(data.prompts)]
+    body = (f"{table_html(report)}<p>Target alone vs {html.escape(names[min(2, len(names) - 1)])}.</p>"
+            f"<table><tr><th>prompt</th><th>target alone</th><th>specmm</th><th></th></tr>{''.join(cells)}</table>")
+    return report, body
+
+
+HEADLINE = DemoSection("Captioning", ("captioner", "captioner-vispec"), run_captioning, 16)
+SECTIONS: list[DemoSection] = [
+    DemoSection("Code completion", ("code",), run_code, 10),
+]
+
+
+def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: str = "cpu",
+             build_all: bool = False) -> list[BenchReport]:
+    """Run the headline and every section whose zoo entries are built (all of them with `build_all`)."""
+    results, skipped = [], []
+    for section in [HEADLINE, *SECTIONS]:
+        missing = [name for name in section.needs if not _built(name, scale)]
+        if missing and section is not HEADLINE and not build_all:
+            skipped.append((section, missing))
+            print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built "
+                  f"(about {section.cpu_build_minutes} min once on 2 CPU cores): run `specmm demo --all` or "
+                  + " && ".join(f"`specmm zoo build {name}`" for name in missing))
+            continue
+        if missing:
+            print(f"specmm demo: training zoo entries {', '.join(missing)} (scale {scale}) for '{section.title}'; "
+                  "this happens once and is cached under $SPECMM_HOME")
+        report, body = section.run(scale, device)
+        print(f"\n## {section.title}\n{report.table()}")
+        results.append((section, report, body))
     path = Path(out)
-    path.write_text(_html(report, data.prompts, outputs, data.tokenizer, caption_report, caption_html))
+    path.write_text(_html(results, skipped))
     print(f"wrote {path.resolve()}")
-    return report
+    return [report for _, report, _ in results]
 
 
-def _table_html(report: BenchReport) -> str:
+def table_html(report: BenchReport) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(r.method)}</td><td>{r.tokens_per_s:.1f}</td><td>{r.speedup:.2f}x</td>"
         f"<td>{'-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'}</td>"
@@ -93,27 +143,18 @@ def _table_html(report: BenchReport) -> str:
             f"<th>outputs identical</th></tr>{rows}</table>")
 
 
-def _html(report: BenchReport, prompts: list[str], outputs: dict[str, RunResult], tokenizer,
-          caption_report: BenchReport, caption_html: str) -> str:
-    names = list(outputs)
-    baseline, speculative = outputs[names[0]], outputs[names[min(2, len(names) - 1)]]
-    cells = []
-    for i, prompt in enumerate(prompts):
-        cells.append(
-            f"<tr><td><pre>{html.escape(prompt)}</pre></td>"
-            f"<td><pre>{html.escape(tokenizer.decode(baseline.rows[i]))}</pre></td>"
-            f"<td><pre>{html.escape(tokenizer.decode(speculative.rows[i]))}</pre></td>"
-            f"<td>{'identical' if baseline.rows[i] == speculative.rows[i] else 'DIFFERENT'}</td></tr>")
-    setup = "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
-                    for r in (caption_report, report) for k, v in r.setup.items())
-    notes = "".join(f"<li>{html.escape(n)}</li>" for r in (caption_report, report) for n in r.notes)
+def _html(results: list, skipped: list) -> str:
+    sections = "".join(f"<h2>{html.escape(s.title)}</h2><p>command <code>{html.escape(r.command)}</code></p>{body}"
+                       for s, r, body in results)
+    skips = "".join(f"<li>{html.escape(s.title)}: needs <code>{html.escape(', '.join(m))}</code> "
+                    f"(<code>specmm demo --all</code>)</li>" for s, m in skipped)
+    setup = "".join(f"<li>{html.escape(s.title)}: " + html.escape(", ".join(f"{k}={v}" for k, v in r.setup.items()))
+                    + "</li>" for s, r, _ in results)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for _, r, _ in results for n in r.notes)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>specmm demo</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}} pre{{margin:0;white-space:pre-wrap;max-width:40em}}</style>
-</head><body><h1>specmm demo</h1><p>{html.escape(time.strftime('%Y-%m-%d %H:%M'))} &middot; command
-<code>{html.escape(report.command)}</code></p>
-{caption_html}
-<h2>Code completion</h2>{_table_html(report)}<p>Target alone vs {html.escape(names[min(2, len(names) - 1)])}.</p>
-<table><tr><th>prompt</th><th>target alone</th><th>specmm</th><th></th></tr>{''.join(cells)}</table>
+</head><body><h1>specmm demo</h1><p>{html.escape(time.strftime('%Y-%m-%d %H:%M'))}</p>
+{sections}{f'<h2>Skipped</h2><ul>{skips}</ul>' if skips else ''}
 <h2>Setup</h2><ul>{setup}</ul><h2>Notes</h2><ul>{notes}</ul></body></html>
 """

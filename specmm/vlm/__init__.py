@@ -6,3 +6,10 @@ from specmm.vlm.caption import CaptionSummary, caption_images, find_images
 from specmm.vlm.compressors import AttentionTopK, Bypass, Drop, Identity, LatentQueryPooling, LearnedQueryPooling
 from specmm.vlm.drafter import METHODS, VisionDrafter
 from specmm.vlm.train import DrafterTrainConfig, train_drafter
+
+__all__ = [
+    "METHODS", "AttentionTopK", "Bypass", "CaptionSummary", "DrafterTrainConfig", "Drop", "Identity",
+    "LatentQueryPooling", "LearnedQueryPooling", "LlavaTarget", "Qwen2_5_VLTarget", "SpeculativeVLM",
+    "VLMGenerationResult", "VLMTarget", "VisionDrafter", "caption_images", "find_images",
+    "is_vision_language_model", "train_drafter", "vlm_target", "with_image_token",
+]

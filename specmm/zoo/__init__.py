@@ -44,6 +44,11 @@ register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural
                   captioner.RECIPES, captioner.build))
 register(ZooEntry("captioner-drafters", "every VisionDrafter method (eagle, msd, vispec, dream, flash) trained "
                   "against the captioner", captioner_drafters.RECIPES, captioner_drafters.build))
+# what `specmm demo` needs on a first run: ViSpec alone, trained by the same code on fewer scenes and steps
+register(ZooEntry("captioner-vispec", "the ViSpec drafter alone, a lighter captioner-drafters recipe for the demo",
+                  captioner_drafters.only("vispec", scenes=256, text=dict(steps=80, lr=1e-3, warmup_steps=10,
+                                          checkpoint_every=40), multimodal=dict(steps=220, lr=1e-3, warmup_steps=20,
+                                          checkpoint_every=40)), captioner_drafters.build))
 
 
 def get(name: str) -> ZooEntry:

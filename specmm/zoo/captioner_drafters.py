@@ -30,6 +30,15 @@ RECIPES = {
                 text=dict(steps=1000, lr=5e-4, warmup_steps=100, checkpoint_every=250),
                 multimodal=dict(steps=3000, lr=5e-4, warmup_steps=100, checkpoint_every=250)),
 }
+
+
+def only(method: str, **cpu_changes) -> dict[str, dict]:
+    """The recipes restricted to one method (seeded on its own, as in the full entry), `cpu_changes` on cpu."""
+    recipes = {scale: {**recipe, "methods": [method]} for scale, recipe in RECIPES.items()}
+    recipes["cpu"] = {**recipes["cpu"], **cpu_changes}
+    return recipes
+
+
 TRAIN_SEED_BASE = 7 * 10**8  # training scenes never overlap the captioner's held-out seeds (10**9 + i)
 
 

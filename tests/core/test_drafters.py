@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import specmm
 from specmm.core.eagle_train import EagleTrainConfig, train_eagle
-from specmm.drafters import EagleDrafter, ModelDrafter, PromptLookupDrafter
+from specmm.drafters import EagleDrafter, PromptLookupDrafter
 from tests.conftest import left_padded_batch, tiny_model
 
 # ----------------------------------------------------------------------------------------- prompt lookup

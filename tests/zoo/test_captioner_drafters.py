@@ -30,3 +30,10 @@ def test_every_method_builds_reloads_and_decodes_like_the_target(tmp_path, monke
         out = specmm.SpeculativeGenerator(models.target, drafter, tree=specmm.TreeSpec.dynamic(2, 2, 4)).generate(
             **enc, max_new_tokens=6, pad_token_id=pad)
         assert torch.equal(out.sequences, reference), method
+    # the demo's single-method entry trains ViSpec by the same code and seed: at the same (tiny) recipe, the same losses
+    zoo.build("captioner-vispec", "tiny", progress=False)
+    alone = zoo.record("captioner-vispec", "tiny")["methods"]
+    assert set(alone) == {"vispec"}
+    for stage in ("text", "multimodal"):
+        for key in ("first_loss", "final_loss"):
+            assert abs(alone["vispec"][stage][key] - record["methods"]["vispec"][stage][key]) < 1e-4
