@@ -6,6 +6,7 @@ returns a finished build's folder, which loads with the usual `from_pretrained`.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -63,10 +64,13 @@ def _recipe(entry: ZooEntry, scale: str) -> dict:
     return entry.recipes[scale]
 
 
-def _problems(entry: ZooEntry, dest: Path, check_hashes: bool = True) -> list[str]:
+def _problems(entry: ZooEntry, dest: Path, scale: str, check_hashes: bool = True) -> list[str]:
     found = problems(dest, check_hashes)
     if not found and read_manifest(dest).get("version", 1) != entry.version:
         found = [f"built by recipe version {read_manifest(dest).get('version', 1)}, current is {entry.version}"]
+    if not found and "recipe" in read_manifest(dest) and \
+            read_manifest(dest)["recipe"] != json.loads(json.dumps(entry.recipes[scale])):
+        found = ["built from a different recipe"]
     return found
 
 
@@ -75,7 +79,7 @@ def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, 
     entry = get(name)
     recipe = _recipe(entry, scale)
     dest = entry_dir(name, scale)
-    issues = _problems(entry, dest)
+    issues = _problems(entry, dest, scale)
     if not force and not issues:
         return dest
     if force and dest.exists():
@@ -99,7 +103,7 @@ def path(name: str, scale: str = "cpu") -> Path:
     """Folder of a finished, intact build (FileNotFoundError with the build command otherwise)."""
     entry = get(name)
     dest = entry_dir(entry.name, scale)
-    issues = _problems(entry, dest, check_hashes=False)
+    issues = _problems(entry, dest, scale, check_hashes=False)
     if issues:
         raise FileNotFoundError(f"zoo entry {name!r} ({scale}) is not built at {dest} ({'; '.join(issues)}); "
                                 f"run: specmm zoo build {name} --scale {scale}")

@@ -113,6 +113,15 @@ def test_corrupt_or_half_written_builds_are_detected_and_rebuilt(home, damage):
     assert not store.problems(rebuilt) and weight_hashes(rebuilt) == good
 
 
+def test_a_build_from_an_older_recipe_is_not_loaded_but_rebuilt(home, monkeypatch):
+    path = zoo.build("code", "tiny", progress=False)
+    recipe = {**zoo.get("code").recipes["tiny"], "vocab_size": zoo.get("code").recipes["tiny"]["vocab_size"] + 8}
+    monkeypatch.setitem(zoo.get("code").recipes, "tiny", recipe)
+    with pytest.raises(FileNotFoundError, match="different recipe"):
+        zoo.path("code", "tiny")
+    assert zoo.build("code", "tiny", progress=False) == path and zoo.record("code", "tiny")["recipe"] == recipe
+
+
 def test_unknown_entry_or_scale_is_refused(home):
     with pytest.raises(ValueError, match="unknown zoo entry"):
         zoo.build("nope")
