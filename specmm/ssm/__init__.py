@@ -6,7 +6,13 @@ picks it up for `Mamba2ForCausalLM`, `BambaForCausalLM` and `NemotronHForCausalL
 
 from specmm.core.target import register_target_adapter
 from specmm.ssm.target import SUPPORTED_MODELS, SSMTarget, build_target, is_ssm_model
-from specmm.ssm.tree_scan import TreeLayout, TreeRecord, commit_state, replay_state, tree_mixer_forward
+from specmm.ssm.tree_scan import (
+           TreeLayout,
+           TreeRecord,
+           commit_state,
+           replay_state,
+           tree_mixer_forward,
+)
 
 register_target_adapter(is_ssm_model, build_target)
 

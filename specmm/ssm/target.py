@@ -17,9 +17,22 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from specmm.core.cache import RowCache
-from specmm.core.target import PrefillOutput, TargetOutput, attention_backend, model_device, output_vocab_size
+from specmm.core.target import (
+    PrefillOutput,
+    TargetOutput,
+    attention_backend,
+    model_device,
+    output_vocab_size,
+)
 from specmm.core.tree import DraftTree
-from specmm.ssm.tree_scan import TreeLayout, TreeRecord, commit_state, is_mamba2_mixer, replay_state, tree_mixer_forward
+from specmm.ssm.tree_scan import (
+    TreeLayout,
+    TreeRecord,
+    commit_state,
+    is_mamba2_mixer,
+    replay_state,
+    tree_mixer_forward,
+)
 
 SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM")
 STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM", "Zamba2ForCausalLM",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import (
     BambaConfig,
@@ -38,6 +39,15 @@ def _configs(vocab: int) -> dict:
 
 
 ARCHS = ("mamba2", "bamba", "nemotron_h")
+
+
+@pytest.fixture(autouse=True, scope="package")
+def one_cpu_thread():
+    """Tiny float64 convolutions are ~1000x slower with contended OpenMP threads; run this package single-threaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_ssm(arch: str, seed: int = 0, vocab: int = VOCAB, dtype=torch.float64, logit_scale: float = 1.0,

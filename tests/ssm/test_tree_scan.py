@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from specmm.core.tree import ancestor_mask
-from specmm.ssm.tree_scan import TreeLayout, commit_state, replay_state, step_sizes, tree_mixer_forward
+from specmm.ssm.tree_scan import (
+    TreeLayout,
+    commit_state,
+    replay_state,
+    step_sizes,
+    tree_mixer_forward,
+)
 from tests.ssm.conftest import CHUNK, KERNEL, depths_of, random_parents, tiny_ssm
 
 NODES = 14  # deeper than the conv kernel (4) and the scan chunk (8) for chains
