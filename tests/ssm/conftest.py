@@ -41,7 +41,7 @@ def _configs(vocab: int) -> dict:
 ARCHS = ("mamba2", "bamba", "nemotron_h")
 
 
-@pytest.fixture(autouse=True, scope="package")
+@pytest.fixture(autouse=True, scope="module")
 def one_cpu_thread():
     """Tiny float64 convolutions are ~1000x slower with contended OpenMP threads; run this package single-threaded."""
     threads = torch.get_num_threads()
