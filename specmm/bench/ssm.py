@@ -22,6 +22,10 @@ from specmm.ssm import SSMTarget
 
 STATIC_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0),
                (0, 0, 0, 1))  # 12 nodes with the root, depth 4 (STree's static trees are 12-18 nodes, depth 4)
+SMALL_STATIC_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # 6 nodes, depth 3: on CPU verify cost grows with nodes
+# Draft shapes per device (as in `specmm bench core`): on CPU every extra node and draft step costs visibly.
+DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top_k": 2, "total_tokens": 8},
+                   "cuda": {"k": 4, "static": STATIC_TREE, "depth": 5, "top_k": 4, "total_tokens": 16}}
 
 
 @dataclass
@@ -88,10 +92,10 @@ def add_parser(bench_subparsers, positive_int) -> None:
     p.add_argument("--targets", nargs="+", default=["mamba2", "hybrid"], choices=["mamba2", "hybrid"])
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--k", type=positive_int, default=4, help="chain length")
-    p.add_argument("--depth", type=positive_int, default=5, help="dynamic tree depth")
-    p.add_argument("--top-k", type=positive_int, default=4, help="dynamic tree branching")
-    p.add_argument("--total-tokens", type=positive_int, default=16, help="dynamic tree nodes incl. root")
+    p.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    p.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
+    p.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
+    p.add_argument("--total-tokens", type=positive_int, help="dynamic tree nodes incl. root (default: 8 / 16)")
     p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="benchmarks")
@@ -104,10 +108,14 @@ def run_command(args, command: str) -> int:
     from specmm.zoo import code, ssm_code
 
     device = torch.device(args.device)
+    defaults = DEVICE_DEFAULTS["cpu" if device.type == "cpu" else "cuda"]
+    for name in ("k", "depth", "top_k", "total_tokens"):
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[name])
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
     draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device).draft
-    setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k,
+    setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
                           dynamic=specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k,
                                                           total_tokens=args.total_tokens), repeats=args.repeats)
     for role in args.targets:

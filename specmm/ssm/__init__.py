@@ -1,7 +1,7 @@
 """STree: tree speculative decoding for Mamba2 and hybrid SSM/attention models (stock HF classes).
 
 Importing this package registers the SSM target adapter, so `SpeculativeGenerator(target=mamba2_model, ...)`
-picks it up for `Mamba2ForCausalLM`, `BambaForCausalLM` and `NemotronHForCausalLM`.
+picks it up for `Mamba2ForCausalLM`, `BambaForCausalLM`, `NemotronHForCausalLM` and `Zamba2ForCausalLM`.
 """
 
 from specmm.core.target import register_target_adapter

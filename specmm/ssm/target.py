@@ -1,4 +1,4 @@
-"""Target adapter for stock HF Mamba2 and hybrid SSM/attention causal LMs (Mamba2, Bamba, NemotronH).
+"""Target adapter for stock HF Mamba2 and hybrid SSM/attention causal LMs (Mamba2, Bamba, NemotronH, Zamba2).
 
 The model runs unmodified except that, for the length of one forward, each Mamba2 mixer's `forward` is
 swapped for the tree mixer (`tree_scan.tree_mixer_forward`), which reads this adapter's own conv/SSM state
@@ -34,10 +34,11 @@ from specmm.ssm.tree_scan import (
     tree_mixer_forward,
 )
 
-SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM")
-STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM", "Zamba2ForCausalLM",
+SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM")
+STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM",
                    "ZambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM")
-LAYER_TYPES = {"linear_attention", "full_attention", "mlp", "moe"}
+LAYER_TYPES = {"linear_attention", "full_attention", "hybrid", "mlp", "moe"}
+ATTENTION_TYPES = ("full_attention", "hybrid")  # Zamba2 "hybrid" layers: shared attention block + Mamba2
 COMMIT_MODES = ("closed_form", "replay")
 
 
@@ -91,7 +92,7 @@ class SSMTarget:
         self.mixers = {m.layer_idx: m for m in model.modules() if is_mamba2_mixer(m)}  # layer index -> mixer
         if not self.mixers:
             raise ValueError(f"target: found no Mamba2 mixer in {name}")
-        self.attention_layers = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+        self.attention_layers = [i for i, t in enumerate(layer_types) if t in ATTENTION_TYPES]
         if self.attention_layers:
             self.backend = attention_backend(model)
         self.commit_mode = commit_mode

@@ -11,6 +11,8 @@ from transformers import (
     Mamba2ForCausalLM,
     NemotronHConfig,
     NemotronHForCausalLM,
+    Zamba2Config,
+    Zamba2ForCausalLM,
 )
 
 VOCAB = 64
@@ -35,10 +37,17 @@ def _configs(vocab: int) -> dict:
             num_attention_heads=2, num_key_value_heads=1, head_dim=8, mamba_num_heads=4, mamba_head_dim=8,
             n_groups=2, ssm_state_size=8, conv_kernel=KERNEL, chunk_size=CHUNK, bos_token_id=None,
             eos_token_id=None, pad_token_id=0, max_position_embeddings=256, tie_word_embeddings=False)),
+        "zamba2": (Zamba2ForCausalLM, Zamba2Config(
+            vocab_size=vocab, hidden_size=16, num_hidden_layers=3, layers_block_type=[
+                "linear_attention", "hybrid", "linear_attention"], mamba_d_state=8, mamba_d_conv=KERNEL,
+            mamba_expand=2, mamba_ngroups=2, n_mamba_heads=4, chunk_size=CHUNK, num_attention_heads=2,
+            num_key_value_heads=2, intermediate_size=32, use_mem_rope=True,
+            bos_token_id=None, eos_token_id=None, pad_token_id=0, max_position_embeddings=256,
+            tie_word_embeddings=False)),
     }
 
 
-ARCHS = ("mamba2", "bamba", "nemotron_h")
+ARCHS = ("mamba2", "bamba", "nemotron_h", "zamba2")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,7 +1,7 @@
 """End to end through SpeculativeGenerator: greedy tokens equal HF `generate`, sampling equals the target's law.
 
 Greedy: a batch of three prompts of different lengths (left-padded) must give, row by row, exactly the tokens
-of `model.generate(do_sample=False)` on the unpadded prompt, for Mamba2, Bamba and NemotronH, with chains,
+of `model.generate(do_sample=False)` on the unpadded prompt, for Mamba2, Bamba, NemotronH and Zamba2, with chains,
 static and dynamic trees, and for the vanilla baseline (chain + replay rollback). Sampling: the joint law of
 the first three new tokens (vocabulary 8) passes a chi-square test against the exactly enumerated target law.
 """
