@@ -1,4 +1,4 @@
-"""Tiny random-weight Mamba2 / Bamba / NemotronH models (float64) and random trees for the SSM tests."""
+"""Tiny random-weight Mamba2 / Bamba / NemotronH / Zamba2 models (float64) and random trees for the SSM tests."""
 
 from __future__ import annotations
 

@@ -109,3 +109,22 @@ def test_sampled_tree_decoding_matches_the_target_distribution(tree):
     assert chisquare(observed[keep].numpy(), wanted[keep].numpy()).pvalue > 1e-3
     assert out.stats.mean_accepted > 1.1  # drafts were accepted, so the acceptance rule was exercised
     report_acceptance(f"ssm sampled mamba2 {tree}", out.stats)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(arch):
+    """An EOS met by one row mid-way: that row is dropped (states and KV rows selected), the others go on."""
+    target, draft, ids, mask, reference = greedy_case(arch)
+    # an EOS that row 1 meets mid-way and some other row never meets
+    eos = next(int(t) for t in reference[1, 2:] if any(int(t) not in r.tolist() for r in reference))
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREES["dynamic"])
+    out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+    new = out.sequences[:, ids.shape[1]:]
+    lengths = []
+    for row in range(len(LENGTHS)):
+        hits = (reference[row] == eos).nonzero()
+        stop = int(hits[0]) + 1 if len(hits) else NEW_TOKENS
+        lengths.append(stop)
+        assert torch.equal(new[row, :stop], reference[row, :stop])
+        assert (new[row, stop:] == 0).all()
+    assert min(lengths) < NEW_TOKENS == max(lengths)  # ragged: row 1 stopped early, another ran to the end
