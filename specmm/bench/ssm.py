@@ -98,6 +98,7 @@ def add_parser(bench_subparsers, positive_int) -> None:
     p.add_argument("--total-tokens", type=positive_int, help="dynamic tree nodes incl. root (default: 8 / 16)")
     p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's own choice)")
     p.add_argument("--out", default="benchmarks")
     p.add_argument("--name", help="report file stem prefix (default ssm-<scale>-<device>)")
 
@@ -107,6 +108,8 @@ def run_command(args, command: str) -> int:
     from specmm import zoo
     from specmm.zoo import code, ssm_code
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     defaults = DEVICE_DEFAULTS["cpu" if device.type == "cpu" else "cuda"]
     for name in ("k", "depth", "top_k", "total_tokens"):

@@ -60,9 +60,9 @@ class TreeRecord:
     """What one mixer's verify pass leaves for the commit (all in the scan dtype)."""
 
     windows: Tensor  # [B, n, K, C] raw (pre-conv) xBC window of each node
-    dt: Tensor  # [B, n, H] step sizes after softplus and clamp
-    x: Tensor  # [B, n, H, P]
-    B: Tensor  # [B, n, H, N] (groups repeated to heads)
+    dt: Tensor  # [B, H, n] step sizes after softplus and clamp
+    x: Tensor  # [B, H, n, P]
+    B: Tensor  # [B, H, n, N] (groups repeated to heads)
     log_decay: Tensor  # [B, H, n] L_i = sum of dt*A over the root->i path
     ancestors: Tensor  # [B, n, n]
     ssm_state: Tensor  # [B, H, P, N] the committed state the pass started from
@@ -96,28 +96,28 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     sources = torch.cat([conv_state.transpose(1, 2).to(xbc.dtype), xbc], dim=1)  # [B, K+n, C]
     flat = layout.conv_index.reshape(batch, n * kernel, 1).expand(batch, n * kernel, channels)
     windows = sources.gather(1, flat).view(batch, n, kernel, channels)  # [B, n, K, C]
-    weight = mixer.conv1d.weight[:, 0, :]  # [C, K]
-    conv = torch.einsum("bnkc,ck->bnc", windows, weight)
+    conv = (windows * mixer.conv1d.weight[:, 0, :].T).sum(2)  # [B, n, C]; weight [C, K] -> [K, C]
     if mixer.conv1d.bias is not None:
         conv = conv + mixer.conv1d.bias
     x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
 
+    # heads first from here on: [B, H, n, .], so every contraction is one batched matmul
     per_group = heads // groups
-    x = x.reshape(batch, n, heads, head_dim).to(acc)  # [B, n, H, P]
-    b = b.reshape(batch, n, groups, state).to(acc).repeat_interleave(per_group, dim=2)  # [B, n, H, N]
-    c = c.reshape(batch, n, groups, state).to(acc).repeat_interleave(per_group, dim=2)  # [B, n, H, N]
-    dt = step_sizes(mixer, dt_raw, acc)  # [B, n, H]
+    x = x.reshape(batch, n, heads, head_dim).transpose(1, 2).to(acc)  # [B, H, n, P]
+    b = b.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
+    c = c.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
+    b, c = b.transpose(1, 2).to(acc), c.transpose(1, 2).to(acc)  # [B, H, n, N]
+    dt = step_sizes(mixer, dt_raw, acc).transpose(1, 2)  # [B, H, n]
     A = -torch.exp(mixer.A_log.float()).to(acc)  # [H] (HF computes A in float32)
 
     mask = layout.ancestors  # [B, n, n]
-    log_decay = torch.einsum("bis,bsh->bhi", mask.to(acc), dt * A)  # [B, H, n]
-    segment = (log_decay[:, :, :, None] - log_decay[:, :, None, :]).masked_fill(~mask[:, None], -torch.inf)
-    scores = torch.einsum("bihn,bshn->bhis", c, b) * segment.exp() * dt.permute(0, 2, 1)[:, :, None, :]
-    y = torch.einsum("bhis,bshp->bihp", scores, x)  # [B, n, H, P]
-    prefix = torch.einsum("bihn,bhpn->bihp", c, ssm_state.to(acc)) * log_decay.exp().permute(0, 2, 1)[..., None]
-    y = y + prefix + mixer.D.to(acc)[:, None] * x
+    log_decay = (mask.to(acc)[:, None] @ (dt * A[:, None])[..., None])[..., 0]  # [B, H, n] = T (dt A) per head
+    segment = (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~mask[:, None], -torch.inf)
+    scores = (c @ b.transpose(-1, -2)) * segment.exp() * dt[..., None, :]  # [B, H, n, n]
+    y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * log_decay.exp()[..., None]  # [B, H, n, P]
+    y = y + mixer.D.to(acc)[:, None, None] * x
 
-    y = mixer.norm(y.reshape(batch, n, inner).to(hidden.dtype), gate)
+    y = mixer.norm(y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
     out = mixer.out_proj(y.to(hidden.dtype))
     record = TreeRecord(windows=windows, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
                         ssm_state=ssm_state, A=A)
@@ -134,10 +134,9 @@ def commit_state(record: TreeRecord, node: Tensor) -> tuple[Tensor, Tensor]:
     conv_state = record.windows[rows, node].transpose(1, 2)  # [B, C, K]
     on_path = record.ancestors[rows, node]  # [B, n]
     last = record.log_decay.gather(2, node[:, None, None].expand(-1, record.log_decay.shape[1], 1))  # [B, H, 1]
-    weights = (last - record.log_decay).masked_fill(~on_path[:, None, :], -torch.inf).exp()  # [B, H, n]
-    weights = weights * record.dt.permute(0, 2, 1)
-    ssm_state = last[..., None].exp() * record.ssm_state.to(weights.dtype) + torch.einsum(
-        "bhs,bshp,bshn->bhpn", weights, record.x, record.B)
+    weights = (last - record.log_decay).masked_fill(~on_path[:, None, :], -torch.inf).exp() * record.dt  # [B, H, n]
+    update = (record.x * weights[..., None]).transpose(-1, -2) @ record.B  # [B, H, P, N]
+    ssm_state = last[..., None].exp() * record.ssm_state.to(weights.dtype) + update
     return conv_state, ssm_state
 
 
@@ -149,7 +148,7 @@ def replay_state(record: TreeRecord, path: Tensor, counts: Tensor) -> tuple[Tens
     for step in range(path.shape[1]):
         node = path[:, step]
         active = (step < counts)[:, None, None, None]
-        dt, x, b = record.dt[rows, node], record.x[rows, node], record.B[rows, node]  # [B, H], [B, H, P], [B, H, N]
+        dt, x, b = record.dt[rows, :, node], record.x[rows, :, node], record.B[rows, :, node]  # [B, H], [B, H, P/N]
         advanced = (dt * record.A).exp()[..., None, None] * state + dt[..., None, None] * x[..., None] * b[:, :, None]
         state = torch.where(active, advanced, state)
     last = path.gather(1, (counts - 1)[:, None])[:, 0]
