@@ -34,7 +34,7 @@ TREES = {
 def greedy_case(arch: str):
     """(target, drafter model, input_ids, attention_mask, reference new tokens [B, NEW_TOKENS])."""
     target = tiny_ssm(arch)
-    draft = aligned_drafter_model(target, residual_scale=6.0 if arch == "mamba2" else 4.0)
+    draft = aligned_drafter_model(target, residual_scale=16.0 if arch == "mamba2" else 4.0)
     ids, mask = left_padded_batch(LENGTHS, vocab=VOCAB, seed=1)
     with torch.no_grad():
         reference = torch.cat([target.generate(ids[r:r + 1, ids.shape[1] - n:], max_new_tokens=NEW_TOKENS,
