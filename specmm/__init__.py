@@ -10,6 +10,7 @@ from specmm.core import (
     SpeculativeGenerator,
     TreeSpec,
 )
+from specmm import ssm  # noqa: E402,F401  registers the Mamba2 / hybrid target adapter
 
 __version__ = "0.1.0"
 __all__ = [

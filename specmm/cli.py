@@ -1,4 +1,4 @@
-"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm`, `caption`, `train-drafter`."""
+"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm`, `caption`, `train-drafter`."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def cmd_zoo(args) -> int:
 def cmd_bench(args) -> int:
     if args.bench_command == "vlm":
         return cmd_bench_vlm(args)
+    if args.bench_command == "ssm":
+        from specmm.bench import ssm as bench_ssm
+        return bench_ssm.run_command(args, "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
@@ -279,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     vlm.add_argument("--dtype", type=_dtype, default=torch.float32)
     vlm.add_argument("--out", default="benchmarks")
     vlm.add_argument("--name", help="report file stem (default vlm-captioner-<scale>-<device>)")
+    from specmm.bench import ssm as bench_ssm
+    bench_ssm.add_parser(bsub, _positive_int)
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")

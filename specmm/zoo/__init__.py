@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, code
+from specmm.zoo import captioner, captioner_drafters, code, ssm_code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ register(ZooEntry("captioner-vispec", "the ViSpec drafter alone, a lighter capti
                   captioner_drafters.only("vispec", scenes=256, text=dict(steps=80, lr=1e-3, warmup_steps=10,
                                           checkpoint_every=40), multimodal=dict(steps=220, lr=1e-3, warmup_steps=20,
                                           checkpoint_every=40)), captioner_drafters.build))
+register(ZooEntry("ssm-code", "Mamba2 and Bamba-hybrid targets on the code corpus, drafted by the code draft",
+                  ssm_code.RECIPES, ssm_code.build))
 
 
 def get(name: str) -> ZooEntry:

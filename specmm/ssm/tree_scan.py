@@ -1,0 +1,155 @@
+"""Tree-structured Mamba2 mixer in functional PyTorch, reading an HF mixer module's own weights.
+
+Verification runs SSD's quadratic ("attention-like") form with the causal mask replaced by the tree's
+ancestor mask and per-path cumulative decay; the committed prefix enters as exp(L) C H0 and each node's
+depthwise conv reads its K-1 nearest ancestors, continuing into the stored conv state. Nothing here writes
+a cache: `TreeRecord` keeps what `commit_state` needs to produce the accepted node's states in closed form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MIXER_CLASSES = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer")
+
+
+@dataclass
+class TreeLayout:
+    """Per-row tree structure. Node i's parent is `parents[i]` < i, or -1 for the committed prefix."""
+
+    ancestors: Tensor  # [B, n, n] bool: (i, s) True when s is i or an ancestor of i (padding nodes: self only)
+    depth: Tensor  # [B, n] number of tree ancestors of each node
+    conv_index: Tensor  # [B, n, K] conv window of each node, indices into cat(conv_state [K], nodes [n])
+
+    @classmethod
+    def build(cls, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor, kernel: int) -> TreeLayout:
+        """From DraftTree-style tensors: parents/depth/valid [B, n], ancestors [B, n, n]."""
+        batch, n = parents.shape
+        eye = torch.eye(n, dtype=torch.bool, device=parents.device)
+        ancestors = (ancestors & valid[:, None, :] & valid[:, :, None]) | eye
+        node = torch.arange(n, device=parents.device).expand(batch, n)
+        columns = [kernel + node]  # distance 0: the node itself
+        ancestor = node
+        for distance in range(1, kernel):
+            ancestor = parents.gather(1, ancestor.clamp_min(0))  # [B, n] (garbage once past the root; masked)
+            in_tree = distance <= depth
+            columns.append(torch.where(in_tree, kernel + ancestor.clamp_min(0), kernel + depth - distance))
+        conv_index = torch.stack(columns[::-1], dim=-1)  # [B, n, K] oldest first, like F.conv1d's window
+        return cls(ancestors=ancestors, depth=depth, conv_index=conv_index)
+
+    @classmethod
+    def ragged_chain(cls, valid: Tensor, kernel: int) -> TreeLayout:
+        """A left-padded block of certain tokens: each valid entry follows the previous valid one."""
+        batch, n = valid.shape
+        index = torch.arange(n, device=valid.device).expand(batch, n)
+        last_valid = torch.where(valid, index, -1).cummax(1).values  # [B, n] last valid index at or before i
+        parents = torch.cat([last_valid.new_full((batch, 1), -1), last_valid[:, :-1]], 1)
+        depth = (valid.long().cumsum(1) - 1).clamp_min(0)
+        parents = torch.where(valid, parents, -1)
+        depth = torch.where(valid, depth, 0)
+        causal = torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
+        return cls.build(parents, depth, causal.expand(batch, n, n), valid, kernel)
+
+
+@dataclass
+class TreeRecord:
+    """What one mixer's verify pass leaves for the commit (all in the scan dtype)."""
+
+    windows: Tensor  # [B, n, K, C] raw (pre-conv) xBC window of each node
+    dt: Tensor  # [B, H, n] step sizes after softplus and clamp
+    x: Tensor  # [B, H, n, P]
+    B: Tensor  # [B, H, n, N] (groups repeated to heads)
+    log_decay: Tensor  # [B, H, n] L_i = sum of dt*A over the root->i path
+    ancestors: Tensor  # [B, n, n]
+    ssm_state: Tensor  # [B, H, P, N] the committed state the pass started from
+    A: Tensor  # [H]
+
+
+def is_mamba2_mixer(module: nn.Module) -> bool:
+    return type(module).__name__ in MIXER_CLASSES
+
+
+def step_sizes(mixer: nn.Module, dt_raw: Tensor, dtype: torch.dtype) -> Tensor:
+    """softplus(dt + dt_bias) clamped to the mixer's time_step_limit, as HF's multi-token (chunk) path does."""
+    dt = F.softplus(dt_raw.to(dtype) + mixer.dt_bias.to(dtype))
+    low, high = mixer.time_step_limit
+    return dt.clamp(min=low, max=high)
+
+
+def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, conv_state: Tensor, ssm_state: Tensor,
+                       scan_dtype: torch.dtype | None = None) -> tuple[Tensor, TreeRecord]:
+    """Run every tree node through `mixer` after the committed states; returns (out [B, n, D], record).
+
+    hidden: [B, n, D]; conv_state: [B, C, K] raw inputs of the last K committed tokens; ssm_state: [B, H, P, N].
+    """
+    batch, n, _ = hidden.shape
+    heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
+    kernel, channels, inner = mixer.conv_kernel_size, mixer.conv_dim, mixer.intermediate_size
+    acc = scan_dtype or torch.promote_types(hidden.dtype, torch.float32)
+
+    gate, xbc, dt_raw = mixer.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    # depthwise conv over each node's window: its ancestors, then the committed history
+    sources = torch.cat([conv_state.transpose(1, 2).to(xbc.dtype), xbc], dim=1)  # [B, K+n, C]
+    flat = layout.conv_index.reshape(batch, n * kernel, 1).expand(batch, n * kernel, channels)
+    windows = sources.gather(1, flat).view(batch, n, kernel, channels)  # [B, n, K, C]
+    conv = (windows * mixer.conv1d.weight[:, 0, :].T).sum(2)  # [B, n, C]; weight [C, K] -> [K, C]
+    if mixer.conv1d.bias is not None:
+        conv = conv + mixer.conv1d.bias
+    x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
+
+    # heads first from here on: [B, H, n, .], so every contraction is one batched matmul
+    per_group = heads // groups
+    x = x.reshape(batch, n, heads, head_dim).transpose(1, 2).to(acc)  # [B, H, n, P]
+    b = b.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
+    c = c.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
+    b, c = b.transpose(1, 2).to(acc), c.transpose(1, 2).to(acc)  # [B, H, n, N]
+    dt = step_sizes(mixer, dt_raw, acc).transpose(1, 2)  # [B, H, n]
+    A = -torch.exp(mixer.A_log.float()).to(acc)  # [H] (HF computes A in float32)
+
+    mask = layout.ancestors  # [B, n, n]
+    log_decay = (mask.to(acc)[:, None] @ (dt * A[:, None])[..., None])[..., 0]  # [B, H, n] = T (dt A) per head
+    segment = (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~mask[:, None], -torch.inf)
+    scores = (c @ b.transpose(-1, -2)) * segment.exp() * dt[..., None, :]  # [B, H, n, n]
+    y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * log_decay.exp()[..., None]  # [B, H, n, P]
+    y = y + mixer.D.to(acc)[:, None, None] * x
+
+    y = mixer.norm(y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
+    out = mixer.out_proj(y.to(hidden.dtype))
+    record = TreeRecord(windows=windows, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
+                        ssm_state=ssm_state, A=A)
+    return out, record
+
+
+def commit_state(record: TreeRecord, node: Tensor) -> tuple[Tensor, Tensor]:
+    """Closed-form states after node `node[b]` of row b ([B]): (conv_state [B, C, K], ssm_state [B, H, P, N]).
+
+    H_j = exp(L_j) H0 + sum over s on the path of exp(L_j - L_s) dt_s x_s B_s^T: no replay, no per-node states.
+    """
+    batch = node.shape[0]
+    rows = torch.arange(batch, device=node.device)
+    conv_state = record.windows[rows, node].transpose(1, 2)  # [B, C, K]
+    on_path = record.ancestors[rows, node]  # [B, n]
+    last = record.log_decay.gather(2, node[:, None, None].expand(-1, record.log_decay.shape[1], 1))  # [B, H, 1]
+    weights = (last - record.log_decay).masked_fill(~on_path[:, None, :], -torch.inf).exp() * record.dt  # [B, H, n]
+    update = (record.x * weights[..., None]).transpose(-1, -2) @ record.B  # [B, H, P, N]
+    ssm_state = last[..., None].exp() * record.ssm_state.to(weights.dtype) + update
+    return conv_state, ssm_state
+
+
+def replay_state(record: TreeRecord, path: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """Vanilla rollback: re-run the recurrence over the accepted inputs `path[b, :counts[b]]`, one step each."""
+    batch = path.shape[0]
+    rows = torch.arange(batch, device=path.device)
+    state = record.ssm_state.to(record.x.dtype)
+    for step in range(path.shape[1]):
+        node = path[:, step]
+        active = (step < counts)[:, None, None, None]
+        dt, x, b = record.dt[rows, :, node], record.x[rows, :, node], record.B[rows, :, node]  # [B, H], [B, H, P/N]
+        advanced = (dt * record.A).exp()[..., None, None] * state + dt[..., None, None] * x[..., None] * b[:, :, None]
+        state = torch.where(active, advanced, state)
+    last = path.gather(1, (counts - 1)[:, None])[:, 0]
+    return record.windows[rows, last].transpose(1, 2), state

@@ -1,0 +1,136 @@
+"""Zoo entry `ssm-code`: a Mamba2 target and a Bamba hybrid (Mamba2 + attention) target on the `code` corpus.
+
+Both are stock HF classes trained from scratch on the Python standard library with the `code` entry's
+tokenizer, so the `code` entry's small Llama draft proposes for them (same vocabulary). Built after, and
+from, the `code` entry at the matching scale.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    BambaConfig,
+    BambaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from specmm.zoo import code
+from specmm.zoo.lm_training import (
+    LMTrainConfig,
+    heldout_loss,
+    token_windows,
+    train_causal_lm,
+)
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("mamba2", "hybrid")
+
+RECIPES = {
+    # seconds: for tests of the recipe machinery
+    "tiny": {
+        "code_scale": "tiny",
+        "mamba2": {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "state_size": 16,
+                   "n_groups": 1, "chunk_size": 32},
+        "hybrid": {"hidden_size": 32, "num_hidden_layers": 3, "attn_layer_indices": [1], "num_attention_heads": 2,
+                   "num_key_value_heads": 1, "intermediate_size": 64, "mamba_n_heads": 4, "mamba_d_head": 16,
+                   "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_chunk_size": 32},
+        "train": {"steps": 4, "batch_size": 2, "seq_len": 32, "checkpoint_every": 2, "warmup_steps": 1},
+        "eval": {"windows": 2, "seq_len": 32, "prompts": 2, "prompt_tokens": 16, "new_tokens": 8},
+    },
+    # a few minutes on 2 CPU cores: 4-layer targets, ~4-6x the code draft's size
+    "cpu": {
+        "code_scale": "cpu",
+        "mamba2": {"hidden_size": 192, "num_hidden_layers": 4, "num_heads": 12, "head_dim": 32, "state_size": 32,
+                   "n_groups": 1, "chunk_size": 64},
+        "hybrid": {"hidden_size": 192, "num_hidden_layers": 4, "attn_layer_indices": [2], "num_attention_heads": 6,
+                   "num_key_value_heads": 2, "intermediate_size": 512, "mamba_n_heads": 12, "mamba_d_head": 32,
+                   "mamba_d_state": 32, "mamba_n_groups": 1, "mamba_chunk_size": 64},
+        "train": {"steps": 300, "batch_size": 8, "seq_len": 128, "lr": 2e-3, "warmup_steps": 20,
+                  "checkpoint_every": 25},
+        "eval": {"windows": 16, "seq_len": 128, "prompts": 16, "prompt_tokens": 64, "new_tokens": 32},
+    },
+    # for the GPU benchmarks (untested here)
+    "gpu": {
+        "code_scale": "gpu",
+        "mamba2": {"hidden_size": 1024, "num_hidden_layers": 24, "num_heads": 32, "head_dim": 64, "state_size": 128,
+                   "n_groups": 1, "chunk_size": 256},
+        "hybrid": {"hidden_size": 1024, "num_hidden_layers": 24, "attn_layer_indices": [5, 11, 17, 23],
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 2816,
+                   "mamba_n_heads": 32, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1,
+                   "mamba_chunk_size": 256},
+        "train": {"steps": 6000, "batch_size": 32, "seq_len": 512, "lr": 1e-3, "warmup_steps": 200,
+                  "checkpoint_every": 250},
+        "eval": {"windows": 256, "seq_len": 512, "prompts": 256, "prompt_tokens": 128, "new_tokens": 64},
+    },
+}
+
+
+def make_model(role: str, size: dict, tokenizer: PreTrainedTokenizerFast, seed: int):
+    common = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.eos_token_id,
+              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+              "tie_word_embeddings": False}
+    torch.manual_seed(seed)
+    if role == "mamba2":
+        return Mamba2ForCausalLM(Mamba2Config(expand=2, conv_kernel=4, **common, **size))
+    config = BambaConfig(mamba_expand=2, mamba_d_conv=4, max_position_embeddings=4096, **common, **size)
+    config._attn_implementation = "sdpa"
+    return BambaForCausalLM(config)
+
+
+def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
+    """Build into `dest` (checkpoints in dest/work); the `code` entry is built first if needed."""
+    from specmm import zoo  # the registry imports this module
+
+    code_dir = zoo.build("code", recipe["code_scale"], seed=seed, progress=progress)
+    code_recipe = zoo.record("code", recipe["code_scale"])["recipe"]
+    work = dest / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(code_dir / "target")
+    if (work / "tokens.pt").is_file():
+        tokens = torch.load(work / "tokens.pt", weights_only=True)
+    else:
+        train_texts, heldout_texts = code.read_corpus(code_recipe["include_tests"], code_recipe["max_files"])
+        tokens = {"train": code.encode(tokenizer, train_texts), "heldout": code.encode(tokenizer, heldout_texts)}
+        torch.save(tokens, work / "tokens.pt")
+    draft = AutoModelForCausalLM.from_pretrained(code_dir / "draft", attn_implementation="sdpa").eval()
+    ev = recipe["eval"]
+    prompts = code.heldout_prompts(tokenizer, tokens["heldout"], ev["prompts"], ev["prompt_tokens"])
+    record = {"code_entry": str(code_dir), "models": {}}
+    for offset, role in enumerate(ROLES):
+        model = make_model(role, recipe[role], tokenizer, seed + 10 + offset)
+        config = LMTrainConfig(seed=seed + 10 + offset, **recipe["train"])
+        losses = train_causal_lm(model, token_windows(tokens["train"], config), config, work / role,
+                                 desc=f"ssm-code/{role}", progress=progress)
+        with torch.no_grad():
+            loss = heldout_loss(model, tokens["heldout"], ev["seq_len"], windows=ev["windows"])
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(dest / role)
+        tokenizer.save_pretrained(dest / role)
+        tail = losses[-max(1, len(losses) // 20):]
+        record["models"][role] = {
+            "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
+            "steps": config.steps, "tokens_seen": config.steps * config.batch_size * config.seq_len,
+            "final_train_loss": sum(tail) / len(tail), "heldout_loss": loss,
+            "greedy_agreement_with_code_draft": code.greedy_agreement(model, draft, prompts, ev["new_tokens"])}
+    (dest / "prompts.json").write_text(json.dumps(tokenizer.batch_decode(prompts), indent=1))
+    return record
+
+
+def load(path: Path, role: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """(target, tokenizer, prompts) of a built entry; `role` is 'mamba2' or 'hybrid'."""
+    if role not in ROLES:
+        raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
+    kwargs = {"dtype": dtype} if role == "mamba2" else {"dtype": dtype, "attn_implementation": "sdpa"}
+    target = AutoModelForCausalLM.from_pretrained(path / role, **kwargs).to(device).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path / role)
+    tokenizer.padding_side = "left"
+    return target, tokenizer, json.loads((path / "prompts.json").read_text())

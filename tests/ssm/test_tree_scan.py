@@ -1,0 +1,104 @@
+"""The tree mixer against a float64 step-by-step recurrence over each root->node path (tree_scan.py).
+
+The reference runs the Mamba2 recurrence token by token on the HF mixer's own weights, starting from random
+committed conv/SSM states; the tree pass (ancestor-masked quadratic form) must agree to 1e-10 for every
+node, and the closed-form commit / the replay commit must give the recurrence's final states.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specmm.core.tree import ancestor_mask
+from specmm.ssm.tree_scan import (
+    TreeLayout,
+    commit_state,
+    replay_state,
+    step_sizes,
+    tree_mixer_forward,
+)
+from tests.ssm.conftest import CHUNK, KERNEL, depths_of, random_parents, tiny_ssm
+
+NODES = 14  # deeper than the conv kernel (4) and the scan chunk (8) for chains
+
+
+def recurrent_reference(mixer, hidden, conv_state, ssm_state):
+    """Sequential Mamba2 over hidden [L, D] from conv_state [C, K], ssm_state [H, P, N] -> (out [L, D], conv, ssm)."""
+    heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
+    inner, channels = mixer.intermediate_size, mixer.conv_dim
+    gate, xbc, dt_raw = mixer.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    history = torch.cat([conv_state, xbc.T], dim=1)  # [C, K + L]
+    conv = F.conv1d(history[None], mixer.conv1d.weight, mixer.conv1d.bias, groups=channels)[0, :, 1:].T  # [L, C]
+    x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
+    dt = step_sizes(mixer, dt_raw, torch.float64)  # [L, H]
+    A = -torch.exp(mixer.A_log.float()).double()
+    outs = []
+    for t in range(hidden.shape[0]):
+        xt = x[t].view(heads, head_dim)
+        bt = b[t].view(groups, state).repeat_interleave(heads // groups, 0)  # [H, N]
+        ct = c[t].view(groups, state).repeat_interleave(heads // groups, 0)
+        ssm_state = (dt[t] * A).exp()[:, None, None] * ssm_state + dt[t][:, None, None] * xt[:, :, None] * bt[:, None]
+        outs.append((ssm_state @ ct[:, :, None])[..., 0] + mixer.D[:, None] * xt)
+    y = mixer.norm(torch.stack(outs).reshape(-1, inner), gate)
+    return mixer.out_proj(y), history[:, -KERNEL:], ssm_state
+
+
+def tree_case(kind: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(NODES, gen, kind)
+    return torch.tensor([parents]), torch.tensor([depths_of(parents)]), gen
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h"])
+@pytest.mark.parametrize("kind", ["chain", "star", "random"])
+def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(arch, kind):
+    model = tiny_ssm(arch, time_step_min=0.05 if arch == "nemotron_h" else None)  # the Δ clamp binds
+    mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
+    parents, depth, gen = tree_case(kind, seed=3)
+    ancestors = ancestor_mask(parents, depth, int(depth.max()))
+    layout = TreeLayout.build(parents, depth, ancestors, torch.ones_like(parents, dtype=torch.bool), KERNEL)
+    hidden = torch.randn(1, NODES, model.config.hidden_size, generator=gen, dtype=torch.float64)
+    conv_state = torch.randn(1, mixer.conv_dim, KERNEL, generator=gen, dtype=torch.float64)
+    ssm_state = torch.randn(1, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, generator=gen,
+                            dtype=torch.float64)
+    with torch.no_grad():
+        out, record = tree_mixer_forward(mixer, hidden, layout, conv_state, ssm_state)
+        parent_list = parents[0].tolist()
+        for node in range(NODES):
+            path = path_to(parent_list, node)
+            ref_out, ref_conv, ref_ssm = recurrent_reference(mixer, hidden[0, path], conv_state[0], ssm_state[0])
+            torch.testing.assert_close(out[0, node], ref_out[-1], rtol=0, atol=1e-10)
+            conv, ssm = commit_state(record, torch.tensor([node]))
+            torch.testing.assert_close(conv[0], ref_conv, rtol=0, atol=1e-14)
+            torch.testing.assert_close(ssm[0], ref_ssm, rtol=0, atol=1e-10)
+            padded = torch.tensor([path + [0] * (NODES - len(path))])
+            conv, ssm = replay_state(record, padded, torch.tensor([len(path)]))
+            torch.testing.assert_close(conv[0], ref_conv, rtol=0, atol=1e-14)
+            torch.testing.assert_close(ssm[0], ref_ssm, rtol=0, atol=1e-10)
+    if kind == "chain":
+        assert int(depth.max()) > CHUNK > KERNEL
+
+
+def test_conv_windows_cross_from_the_tree_into_the_stored_conv_state():
+    parents = torch.tensor([[-1, 0, 0, 1, 3]])
+    depth = torch.tensor([[0, 1, 1, 2, 3]])
+    layout = TreeLayout.build(parents, depth, ancestor_mask(parents, depth, 3), torch.ones(1, 5, dtype=torch.bool), 4)
+    # indices into cat(conv_state[0..3], nodes): history entries 0..3, node i at 4 + i
+    assert layout.conv_index[0].tolist() == [[1, 2, 3, 4], [2, 3, 4, 5], [2, 3, 4, 6], [3, 4, 5, 7], [4, 5, 7, 8]]
+
+
+def test_ragged_chain_skips_left_padding():
+    valid = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+    layout = TreeLayout.ragged_chain(valid, 4)
+    assert layout.depth.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert layout.conv_index[0, 4].tolist() == [3, 6, 7, 8]  # one history entry, then the three prompt tokens
+    assert not layout.ancestors[0, 4, :2].any()
