@@ -1,7 +1,14 @@
 """Speculative decoding for autoregressive image models: LlamaGen, guidance-aware target, Jacobi and EAGLE-style
 proposers, exact / SJD / LANTERN / LANTERN++ / GSD acceptance, ImageSampler and image-quality metrics."""
 
-from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern, LanternPP, codebook_neighbours
+from specmm.image_ar.acceptance import (
+           GSD,
+           SJD,
+           Exact,
+           Lantern,
+           LanternPP,
+           codebook_neighbours,
+)
 from specmm.image_ar.drafter import DraftHead, ImageDrafter
 from specmm.image_ar.jacobi import JacobiProposer
 from specmm.image_ar.llamagen import GPTConfig, LlamaGen, LlamaGenGPT, VQConfig, VQModel

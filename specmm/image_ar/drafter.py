@@ -21,7 +21,12 @@ from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.llamagen.gpt import KVCache, LlamaGenGPT, TransformerBlock, rope_table_2d
+from specmm.image_ar.llamagen.gpt import (
+    KVCache,
+    LlamaGenGPT,
+    TransformerBlock,
+    rope_table_2d,
+)
 from specmm.image_ar.target import GuidedTarget
 
 

@@ -45,7 +45,7 @@ def drafter_loss(drafter: ImageDrafter, conditions: Tensor, tokens: Tensor, ce_w
     ce = -(soft * gpt.logits(predicted).log_softmax(-1)).sum(-1).mean()
     with torch.no_grad():
         top1 = (gpt.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).float().mean()
-    return feature_loss + ce_weight * ce, {"feature": float(feature_loss), "ce": float(ce), "top1": float(top1)}
+    return feature_loss + ce_weight * ce, {"feature": float(feature_loss.detach()), "ce": float(ce.detach()), "top1": float(top1)}
 
 
 def train_drafter(drafter: ImageDrafter, codes: Tensor, labels: Tensor, config: DrafterTrainConfig | None = None,

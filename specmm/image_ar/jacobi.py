@@ -14,7 +14,13 @@ from torch import Tensor
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.drafters import accepted_tokens
-from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample, uniform
+from specmm.core.sampling import (
+    Generators,
+    SamplingConfig,
+    process_logits,
+    sample,
+    uniform,
+)
 from specmm.core.target import PrefillOutput
 from specmm.core.tree import DraftTree, TreeSpec
 from specmm.image_ar.target import GuidedTarget

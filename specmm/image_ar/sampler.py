@@ -68,14 +68,14 @@ class ImageSampler:
                  acceptance: str | AcceptanceRule = "exact", tree: TreeSpec | None = None, window: int = 16,
                  init: str = "random", cfg_interval: int = -1):
         if not isinstance(lg, LlamaGen):
-            raise ValueError(f"lg: expected a LlamaGen, got {type(lg).__name__}")
+            raise ValueError(f"lg: expected a LlamaGen, got {type(lg).__name__}")  # noqa: TRY004 (project: ValueError)
         self.lg, self.target = lg, GuidedTarget(lg.gpt)
         if isinstance(acceptance, str):
             if acceptance not in RULES:
                 raise ValueError(f"acceptance: expected {', '.join(RULES)} or a rule object, got {acceptance!r}")
             acceptance = RULES[acceptance]()
         if not isinstance(acceptance, AcceptanceRule):
-            raise ValueError(f"acceptance: {type(acceptance).__name__} is not an acceptance rule")
+            raise ValueError(f"acceptance: {type(acceptance).__name__} is not an acceptance rule")  # noqa: TRY004
         if isinstance(acceptance, (Lantern, GSD)):
             acceptance.bind(lg.vq.quantize.codebook().detach())
         self.rule: ExactRule = acceptance
@@ -135,8 +135,8 @@ class ImageSampler:
         wall = time.perf_counter() - started
         images = _to_pil(self.lg.decode(tokens)) if decode else []
         drafts_accepted = sum(i * h for i, h in enumerate(histogram))
-        stats = dict(target_forwards_per_row=forwards, tokens_per_row=n,
-                     step_compression=batch * n / max(sum(forwards), 1), wall_time_s=wall,
-                     target_forwards=max(forwards), accepted_histogram=list(histogram),
-                     moved_mass_per_accepted_draft=(sum(moved) / drafts_accepted) if moved and drafts_accepted else 0.0)
+        stats = {"target_forwards_per_row": forwards, "tokens_per_row": n,
+                     "step_compression": batch * n / max(sum(forwards), 1), "wall_time_s": wall,
+                     "target_forwards": max(forwards), "accepted_histogram": list(histogram),
+                     "moved_mass_per_accepted_draft": (sum(moved) / drafts_accepted) if moved and drafts_accepted else 0.0}
         return ImageSample(images=images, tokens=tokens, stats=stats)

@@ -35,7 +35,7 @@ class GSD(ExactRule):
 
     def group(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         """[N, V] bool: G(x) for each draft (always containing x)."""
-        rows, vocab = target_probs.shape
+        _rows, vocab = target_probs.shape
         order = torch.argsort(target_probs, dim=-1, descending=True, stable=True)  # [N, V]
         rank = order.argsort(-1).gather(-1, tokens[:, None])  # [N, 1]
         offsets = torch.arange(self.window, device=tokens.device) - self.window // 2

@@ -89,17 +89,17 @@ class VQConfig:
 
 
 GPT_PRESETS = {  # upstream GPT_* factories: (n_layer, n_head, dim)
-    "GPT-B": dict(n_layer=12, n_head=12, dim=768),
-    "GPT-L": dict(n_layer=24, n_head=16, dim=1024),
-    "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
-    "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
-    "GPT-XXXL": dict(n_layer=48, n_head=40, dim=2560),
-    "GPT-1B": dict(n_layer=22, n_head=32, dim=2048),
-    "GPT-3B": dict(n_layer=24, n_head=32, dim=3200),
-    "GPT-7B": dict(n_layer=32, n_head=32, dim=4096),
+    "GPT-B": {"n_layer": 12, "n_head": 12, "dim": 768},
+    "GPT-L": {"n_layer": 24, "n_head": 16, "dim": 1024},
+    "GPT-XL": {"n_layer": 36, "n_head": 20, "dim": 1280},
+    "GPT-XXL": {"n_layer": 48, "n_head": 24, "dim": 1536},
+    "GPT-XXXL": {"n_layer": 48, "n_head": 40, "dim": 2560},
+    "GPT-1B": {"n_layer": 22, "n_head": 32, "dim": 2048},
+    "GPT-3B": {"n_layer": 24, "n_head": 32, "dim": 3200},
+    "GPT-7B": {"n_layer": 32, "n_head": 32, "dim": 4096},
 }
-VQ_PRESETS = {"VQ-16": dict(ch_mult=[1, 1, 2, 2, 4], z_channels=256),
-              "VQ-8": dict(ch_mult=[1, 2, 2, 4], z_channels=256)}
+VQ_PRESETS = {"VQ-16": {"ch_mult": [1, 1, 2, 2, 4], "z_channels": 256},
+              "VQ-8": {"ch_mult": [1, 2, 2, 4], "z_channels": 256}}
 
 
 def _read(config, presets: dict, name: str) -> dict:
