@@ -49,4 +49,4 @@ def test_built_entry_loads_and_samples_like_ar(home):
     spec = ImageSampler(models.lg, proposer=models.drafter).sample(classes, cfg_scale=2.0, temperature=0.0)
     assert torch.equal(ar.tokens, spec.tokens)
     feats, logits = models.judge(ar.images)
-    assert logits.shape == (2, len(models.classes))
+    assert logits.shape == (2, len(models.classes)) and feats.shape[0] == 2
