@@ -9,9 +9,12 @@ accepted draft. A greedy (T=0) run checks that the lossless methods reproduce AR
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -62,12 +65,22 @@ def bench_image_ar(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
-    rows, notes = [], []
+    partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
+    done = {"rows": {}, "ref": {}}
+    if args.resume and (partial / "rows.json").is_file():
+        done["rows"] = {k: BenchRow(**v) for k, v in json.loads((partial / "rows.json").read_text()).items()}
+        done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
+    notes = []
     for batch_size in args.batch_sizes:
-        reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
-        ref_feats = judge(reference["images"])[0]
-        base_seconds = None
+        if batch_size not in done["ref"]:
+            reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
+            done["ref"][batch_size] = judge(reference["images"])[0]
+        ref_feats = done["ref"][batch_size]
         for method in tqdm(methods, desc=f"bench image_ar bs{batch_size}"):
+            key = f"{method} (bs {batch_size})"
+            if key in done["rows"]:
+                continue
+            base_seconds = done["rows"][f"ar (bs {batch_size})"].median_s if method != "ar" else None
             sampler = make_sampler(lg, method, drafter, **knobs)
             run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
             feats, logits = judge(run["images"])
@@ -80,14 +93,17 @@ def bench_image_ar(args) -> int:
                 ar = make_sampler(lg, "ar").sample(torch.tensor(check), **greedy, decode=False).tokens
                 matched = torch.equal(sampler.sample(torch.tensor(check), **greedy, decode=False).tokens, ar)
             tokens = run["tokens"].numel()
-            rows.append(BenchRow(
-                method=f"{method} (bs {batch_size})", tokens_per_s=tokens / run["seconds"],
+            done["rows"][key] = BenchRow(
+                method=key, tokens_per_s=tokens / run["seconds"],
                 speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
                 new_tokens=tokens, median_s=run["seconds"],
                 extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                        "class acc": f"{accuracy(logits, labels):.2f}",
                        "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
-                       else "-"}))
+                       else "-"})
+            partial.mkdir(exist_ok=True)
+            (partial / "rows.json").write_text(json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
+            torch.save({str(k): v for k, v in done["ref"].items()}, partial / "ref.pt")
             if batch_size == args.batch_sizes[0]:
                 grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"
                 image_grid(run["images"][: 4 * len(models.classes)], len(models.classes)).save(grid)
@@ -109,12 +125,14 @@ def bench_image_ar(args) -> int:
              "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
              "device": str(device)}
     command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
     report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
                          setup=setup, notes=notes, machine=machine_info(device),
                          created=time.strftime("%Y-%m-%d %H:%M:%S"))
     print(report.table())
     json_path, md_path = report.write(out, stem)
     print(f"wrote {json_path} and {md_path}")
+    shutil.rmtree(partial, ignore_errors=True)
     return 0
 
 
@@ -136,3 +154,4 @@ def add_parser(bsub) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="benchmarks")
     p.add_argument("--name")
+    p.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run with the same --name")
