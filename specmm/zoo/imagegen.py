@@ -40,10 +40,10 @@ RECIPES = {
             "vq": {"codebook_size": 256, "codebook_embed_dim": 8, "ch": 32, "ch_mult": [1, 2, 2], "z_channels": 32,
                    "num_res_blocks": 1},
             "gpt": {"dim": 128, "n_layer": 4, "n_head": 4},
-            "vq_train": {"steps": 300, "batch_size": 16, "lr": 2e-3},
-            "gpt_train": {"steps": 400, "batch_size": 32, "lr": 2e-3},
+            "vq_train": {"steps": 250, "batch_size": 16, "lr": 2e-3},
+            "gpt_train": {"steps": 350, "batch_size": 32, "lr": 2e-3},
             "drafter_train": {"steps": 200, "batch_size": 16, "lr": 2e-3},
-            "classifier": {"model": "resnet10t", "steps": 100, "batch_size": 64, "lr": 2e-3},
+            "classifier": {"model": "resnet10t", "steps": 80, "batch_size": 64, "lr": 2e-3},
             "checkpoint_every": 50},
     # for the GPU benchmarks (untested here): 64 px, 8x downsampling -> 8x8 tokens, GPT-B-like width
     "gpu": {"image_size": 64, "per_class": 2000, "heldout_per_class": 100,
