@@ -38,7 +38,7 @@ class ImageSample:
 class _RecordingGenerator(SpeculativeGenerator):
     """The core loop, plus a record of the target mass a relaxed rule moved onto each accepted draft."""
 
-    moved: list[float]
+    moved: list[Tensor]  # per round, summed at the end (no host sync in the loop)
 
     def _accept(self, tree, logits: Tensor, sampling: SamplingConfig, generators: Generators) -> AcceptResult:
         result = super()._accept(tree, logits, sampling, generators)
@@ -51,7 +51,7 @@ class _RecordingGenerator(SpeculativeGenerator):
             parent_probs = probs.gather(1, parents[:, :, None].expand(-1, -1, probs.shape[-1]))  # [B, D, V]
             moved = self.rule.moved_mass(parent_probs.flatten(0, 1), tokens.flatten()).view(batch, depth)
             keep = torch.arange(depth, device=moved.device)[None, :] < result.num_accepted[:, None]
-            self.moved.append(float((moved * keep).sum()))
+            self.moved.append((moved * keep).sum())
         return result
 
 
@@ -119,7 +119,7 @@ class ImageSampler:
         started = time.perf_counter()
         max_nodes = 1 if self.tree is None else self.tree.num_nodes
         first_logits = self.target.begin(conditions, cfg_scale, self.cfg_interval, max_nodes, caption_mask)
-        moved: list[float] = []
+        moved: list[Tensor] = []
         if self.proposer is None or n == 1:
             tokens = generate_ar(self.target, first_logits, n, sampling, generator)
             forwards, histogram = [n] * batch, [n - 1] * (n > 1)
@@ -138,5 +138,5 @@ class ImageSampler:
         stats = {"target_forwards_per_row": forwards, "tokens_per_row": n,
                      "step_compression": batch * n / max(sum(forwards), 1), "wall_time_s": wall,
                      "target_forwards": max(forwards), "accepted_histogram": list(histogram),
-                     "moved_mass_per_accepted_draft": (sum(moved) / drafts_accepted) if moved and drafts_accepted else 0.0}
+                     "moved_mass_per_accepted_draft": float(sum(moved)) / drafts_accepted if moved and drafts_accepted else 0.0}
         return ImageSample(images=images, tokens=tokens, stats=stats)
