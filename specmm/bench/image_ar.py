@@ -145,7 +145,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--cfg-scale", type=float, default=2.0)
     p.add_argument("--top-k", type=int, default=100)
     p.add_argument("--window", type=int, default=16)
-    p.add_argument("--delta", type=float, default=0.3)
+    p.add_argument("--delta", type=float, default=0.2)
     p.add_argument("--lam", type=float, default=5.0)
     p.add_argument("--lantern-k", type=int, default=32)
     p.add_argument("--lantern-pp-k", type=int, default=10)
