@@ -27,7 +27,7 @@ LOSSLESS = ("exact", "sjd")
 
 
 def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, sampling: dict, device) -> dict:
-    images, tokens, forwards, seconds = [], [], 0, 0.0
+    images, tokens, forwards, seconds, moved, drafts = [], [], 0, 0.0, 0.0, 0
     for start in range(0, len(classes), batch_size):
         chunk = classes[start: start + batch_size]
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + start + i) for i in range(len(chunk))]
@@ -36,10 +36,11 @@ def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, samplin
         tokens.append(res.tokens.cpu())
         forwards += sum(res.stats["target_forwards_per_row"])
         seconds += res.stats["wall_time_s"]
-        moved = res.stats["moved_mass_per_accepted_draft"]
+        moved += res.stats["moved_mass_total"]
+        drafts += res.stats["accepted_drafts"]
     all_tokens = torch.cat(tokens)
     return {"images": images, "tokens": all_tokens, "compression": all_tokens.numel() / forwards,
-            "seconds": seconds, "moved": moved}
+            "seconds": seconds, "moved": moved / max(drafts, 1)}
 
 
 def bench_image_ar(args) -> int:

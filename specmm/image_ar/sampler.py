@@ -138,5 +138,6 @@ class ImageSampler:
         stats = {"target_forwards_per_row": forwards, "tokens_per_row": n,
                      "step_compression": batch * n / max(sum(forwards), 1), "wall_time_s": wall,
                      "target_forwards": max(forwards), "accepted_histogram": list(histogram),
+                     "moved_mass_total": float(sum(moved)) if moved else 0.0, "accepted_drafts": drafts_accepted,
                      "moved_mass_per_accepted_draft": float(sum(moved)) / drafts_accepted if moved and drafts_accepted else 0.0}
         return ImageSample(images=images, tokens=tokens, stats=stats)
