@@ -67,6 +67,9 @@ def cmd_bench(args) -> int:
     if args.bench_command == "ssm":
         from specmm.bench import ssm as bench_ssm
         return bench_ssm.run_command(args, "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if args.bench_command == "image_ar":
+        from specmm.bench.image_ar import bench_image_ar
+        return bench_image_ar(args)
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
@@ -284,6 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     vlm.add_argument("--name", help="report file stem (default vlm-captioner-<scale>-<device>)")
     from specmm.bench import ssm as bench_ssm
     bench_ssm.add_parser(bsub, _positive_int)
+    from specmm.bench.image_ar import add_parser as add_bench_image_ar
+    add_bench_image_ar(bsub)
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")
@@ -320,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     caption.add_argument("--dtype", type=_dtype, default=torch.float32)
     caption.set_defaults(func=cmd_caption)
+    from specmm.image_ar.cli import add_parser as add_sample_images
+    add_sample_images(sub)
     return parser
 
 

@@ -1,0 +1,160 @@
+"""`specmm bench image_ar`: AR vs exact SD, SJD, LANTERN, LANTERN++ and GSD on the zoo `imagegen` model.
+
+Every method samples the same class list with the same per-image seeds, at each batch size, in one process.
+Columns: step compression (image tokens per target forward, the condition prefill counted), latency ratio
+to AR at the same batch size, FID / KID against a second AR sample set of the same size (the AR row is the
+AR-vs-AR noise floor), class accuracy of the zoo's timm classifier, and the TV mass LANTERN/GSD moved per
+accepted draft. A greedy (T=0) run checks that the lossless methods reproduce AR's tokens exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specmm.bench.harness import BenchReport, BenchRow
+from specmm.machine import machine_info
+
+LOSSLESS = ("exact", "sjd")
+
+
+def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, sampling: dict, device) -> dict:
+    images, tokens, forwards, seconds, moved, drafts = [], [], 0, 0.0, 0.0, 0
+    for start in range(0, len(classes), batch_size):
+        chunk = classes[start: start + batch_size]
+        gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + start + i) for i in range(len(chunk))]
+        res = sampler.sample(torch.tensor(chunk), generator=gens, **sampling)
+        images += res.images
+        tokens.append(res.tokens.cpu())
+        forwards += sum(res.stats["target_forwards_per_row"])
+        seconds += res.stats["wall_time_s"]
+        moved += res.stats["moved_mass_total"]
+        drafts += res.stats["accepted_drafts"]
+    all_tokens = torch.cat(tokens)
+    return {"images": images, "tokens": all_tokens, "compression": all_tokens.numel() / forwards,
+            "seconds": seconds, "moved": moved / max(drafts, 1)}
+
+
+def bench_image_ar(args) -> int:
+    from specmm import zoo
+    from specmm.image_ar.cli import image_grid
+    from specmm.image_ar.methods import METHODS, make_sampler
+    from specmm.image_ar.metrics import accuracy, fid, kid
+    from specmm.zoo import imagegen
+
+    methods = args.methods.split(",") if args.methods else list(METHODS)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or methods[0] != "ar":
+        raise ValueError(f"--methods: comma-separated, starting with ar, from {', '.join(METHODS)}; got {args.methods!r}")
+    device = torch.device(args.device)
+    models = imagegen.load(zoo.build("imagegen", args.scale), device)
+    record = zoo.record("imagegen", args.scale)
+    lg, drafter, judge = models.lg, models.drafter, models.judge
+    classes = [i % len(models.classes) for i in range(args.images)]
+    labels = torch.tensor(classes)
+    sampling = {"cfg_scale": args.cfg_scale, "temperature": 1.0, "top_k": args.top_k, "top_p": 1.0}
+    knobs = {"window": args.window, "delta": args.delta, "lam": args.lam, "lantern_k": args.lantern_k,
+             "lantern_pp_k": args.lantern_pp_k, "gsd_window": args.gsd_window}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
+    partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
+    done = {"rows": {}, "ref": {}}
+    if args.resume and (partial / "rows.json").is_file():
+        done["rows"] = {k: BenchRow(**v) for k, v in json.loads((partial / "rows.json").read_text()).items()}
+        done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
+    notes = []
+    for batch_size in args.batch_sizes:
+        if batch_size not in done["ref"]:
+            reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
+            done["ref"][batch_size] = judge(reference["images"])[0]
+        ref_feats = done["ref"][batch_size]
+        for method in tqdm(methods, desc=f"bench image_ar bs{batch_size}"):
+            key = f"{method} (bs {batch_size})"
+            if key in done["rows"]:
+                continue
+            base_seconds = done["rows"][f"ar (bs {batch_size})"].median_s if method != "ar" else None
+            sampler = make_sampler(lg, method, drafter, **knobs)
+            run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
+            feats, logits = judge(run["images"])
+            base_seconds = base_seconds or run["seconds"]
+            kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
+            matched = None
+            if method in LOSSLESS:  # greedy check on one batch: identical tokens to greedy AR
+                greedy = {**sampling, "temperature": 0.0}
+                check = classes[:batch_size]
+                ar = make_sampler(lg, "ar").sample(torch.tensor(check), **greedy, decode=False).tokens
+                matched = torch.equal(sampler.sample(torch.tensor(check), **greedy, decode=False).tokens, ar)
+            tokens = run["tokens"].numel()
+            done["rows"][key] = BenchRow(
+                method=key, tokens_per_s=tokens / run["seconds"],
+                speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
+                new_tokens=tokens, median_s=run["seconds"],
+                extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
+                       "class acc": f"{accuracy(logits, labels):.2f}",
+                       "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
+                       else "-"})
+            partial.mkdir(exist_ok=True)
+            (partial / "rows.json").write_text(json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
+            torch.save({str(k): v for k, v in done["ref"].items()}, partial / "ref.pt")
+            if batch_size == args.batch_sizes[0]:
+                grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"
+                image_grid(run["images"][: 4 * len(models.classes)], len(models.classes)).save(grid)
+    notes += [
+        ("mean accepted = step compression: image tokens per target forward per row (the condition prefill that "
+        "samples token 0 counts as a forward; AR = 1.00)."),
+        ("speedup = AR wall time / method wall time at the same batch size (one run each, same classes and "
+        "per-image seeds; CPU timings on a shared machine are noisy)."),
+        "outputs match: greedy (T=0) tokens of one batch equal greedy AR's (lossless methods only); n/a for lossy.",
+        ("FID/KID: features of the zoo's timm classifier, each method's set against a second AR set of the same "
+        "size (other seeds); the AR row is the AR-vs-AR noise floor. KID: unbiased MMD^2 (can be negative), "
+        "mean ± std over 50 random subsets of 2/3 of each set; FID on fewer images than feature dimensions is "
+        "dominated by estimation noise."),
+        (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
+        f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
+    ]
+    setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
+             f"{record['tokens_per_image']} tokens per {record['image_size']} px image, "
+             f"{lg.config.vocab_size} codes", "images per method": args.images,
+             "sampling": f"T=1, top-k {args.top_k}, cfg {args.cfg_scale}", "knobs": knobs,
+             "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
+             "device": str(device)}
+    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
+    report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
+                         setup=setup, notes=notes, machine=machine_info(device),
+                         created=time.strftime("%Y-%m-%d %H:%M:%S"))
+    print(report.table())
+    json_path, md_path = report.write(out, stem)
+    print(f"wrote {json_path} and {md_path}")
+    shutil.rmtree(partial, ignore_errors=True)
+    return 0
+
+
+def add_parser(bsub) -> None:
+    p = bsub.add_parser("image_ar", help="AR vs exact SD / SJD / LANTERN / LANTERN++ / GSD on zoo imagegen")
+    p.add_argument("--scale", default="cpu")
+    p.add_argument("--methods", help="comma-separated, starting with ar (default: ar,exact,sjd,lantern,lantern++,gsd)")
+    p.add_argument("--images", type=int, default=40, help="images per method and batch size")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--cfg-scale", type=float, default=2.0)
+    p.add_argument("--top-k", type=int, default=100)
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--delta", type=float, default=0.2)
+    p.add_argument("--lam", type=float, default=5.0)
+    p.add_argument("--lantern-k", type=int, default=32)
+    p.add_argument("--lantern-pp-k", type=int, default=10)
+    p.add_argument("--gsd-window", type=int, default=14)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default="benchmarks")
+    p.add_argument("--name")
+    p.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run with the same --name")

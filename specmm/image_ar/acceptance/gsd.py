@@ -1,0 +1,75 @@
+"""GSD: grouped speculative decoding. A draft x is accepted with min(1, p(G)/q(G)) for a dynamic group G(x).
+
+G(x) holds the tokens ranked near x by the target (a rank window), whose probability is close to p(x)
+(gap < p_gap) and whose code vector is close to x's (squared distance < d_max, calibrated on the model's
+own codebook by `calibrate`). On rejection the point-wise residual norm(max(p - q, 0)) is used, as
+upstream. A window of 1 gives singleton groups: the exact rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specmm.core.acceptance import ExactRule
+
+
+class GSD(ExactRule):
+    name = "gsd"
+
+    def __init__(self, window: int = 14, p_gap: float = 0.15, d_max: float | None = None,
+                 embeddings: Tensor | None = None):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window: expected an integer >= 1 (1 = singleton groups, exact), got {window!r}")
+        if not p_gap >= 0:
+            raise ValueError(f"p_gap: expected >= 0, got {p_gap!r}")
+        self.window, self.p_gap, self.d_max, self.embeddings = window, float(p_gap), d_max, embeddings
+
+    def bind(self, codebook: Tensor, quantile: float = 0.05) -> GSD:
+        """Use the L2-normalised codebook as the token embedding; set d_max to a quantile of pair distances."""
+        self.embeddings = F.normalize(codebook.float(), dim=-1)
+        if self.d_max is None:
+            self.d_max = calibrate_distance(self.embeddings, quantile)
+        return self
+
+    def group(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
+        """[N, V] bool: G(x) for each draft (always containing x)."""
+        _rows, vocab = target_probs.shape
+        order = torch.argsort(target_probs, dim=-1, descending=True, stable=True)  # [N, V]
+        rank = order.argsort(-1).gather(-1, tokens[:, None])  # [N, 1]
+        offsets = torch.arange(self.window, device=tokens.device) - self.window // 2
+        near = order.gather(-1, (rank + offsets).clamp(0, vocab - 1))  # [N, W]
+        p_x = target_probs.gather(-1, tokens[:, None])
+        keep = (target_probs.gather(-1, near) - p_x).abs() < self.p_gap
+        if self.embeddings is not None and self.d_max is not None:
+            emb = self.embeddings.to(target_probs.device)
+            keep &= (emb[near] - emb[tokens][:, None]).pow(2).sum(-1) < self.d_max
+        group = torch.zeros_like(target_probs, dtype=torch.bool).scatter_(-1, near, keep)
+        return group.scatter_(-1, tokens[:, None], True)
+
+    def moved_mass(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
+        """[N] mass of the group beyond the draft itself (what the group test credits to x)."""
+        group = self.group(target_probs, tokens)
+        return (target_probs * group).sum(-1) - target_probs.gather(-1, tokens[:, None])[:, 0]
+
+    def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
+        probs = target_logits.float().softmax(-1)
+        best = target_logits.argmax(-1)
+        return self.group(probs, tokens).gather(-1, best[:, None])[:, 0]
+
+    def accept_probability(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> Tensor:
+        group = self.group(target_probs, tokens)
+        p_group = (target_probs * group).sum(-1)
+        if draft_probs is None:
+            return p_group.clamp(max=1.0)
+        q_group = (draft_probs * group).sum(-1)
+        return (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
+
+
+def calibrate_distance(embeddings: Tensor, quantile: float = 0.05, sample: int = 2048) -> float:
+    """The `quantile` of squared distances between distinct code vectors (a subsample for big codebooks)."""
+    rows = embeddings[torch.linspace(0, len(embeddings) - 1, min(sample, len(embeddings))).long()]
+    dist = torch.cdist(rows, embeddings).pow(2)
+    off_diagonal = dist[dist > 0]
+    return float(off_diagonal.quantile(quantile)) if off_diagonal.numel() else 0.0

@@ -1,0 +1,43 @@
+"""Shared base of the relaxed rules: an exact rule applied to a relaxed target distribution p'.
+
+A relaxed rule moves some target mass onto the draft token x (the set it moves is rule-specific) and then
+runs exact speculative sampling against p' = p with that mass moved. The output distribution is exactly
+p', so the total-variation distance to p is the moved mass, reported per decision by `moved_mass`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from specmm.core.acceptance import ExactRule
+
+
+class RelaxedRule(ExactRule):
+    """Subclasses define `moved_set(target_probs, tokens) -> [N, V] bool` (never containing the token)."""
+
+    name = "relaxed"
+
+    def moved_set(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def relaxed(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
+        """[N, V] p': the moved set's mass added to p(x), the set itself zeroed."""
+        moved = self.moved_set(target_probs, tokens) & (target_probs > 0)
+        mass = (target_probs * moved).sum(-1, keepdim=True)
+        relaxed = target_probs.masked_fill(moved, 0.0)
+        return relaxed.scatter_add(-1, tokens[:, None], mass)
+
+    def moved_mass(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
+        """[N] TV(p, p') for drafts `tokens`: the mass moved onto them."""
+        moved = self.moved_set(target_probs, tokens) & (target_probs > 0)
+        return (target_probs * moved).sum(-1)
+
+    def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
+        relaxed = self.relaxed(target_logits.float().softmax(-1), tokens)
+        return relaxed.gather(-1, tokens[:, None])[:, 0] >= relaxed.max(-1).values
+
+    def accept_probability(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> Tensor:
+        return super().accept_probability(self.relaxed(target_probs, tokens), draft_probs, tokens)
+
+    def reject(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> Tensor:
+        return super().reject(self.relaxed(target_probs, tokens), draft_probs, tokens)

@@ -1,0 +1,184 @@
+"""EAGLE-style image drafter: one LlamaGen decoder layer with 2-D RoPE on [token embedding ; target feature].
+
+Runs on both guidance halves (cond and uncond target features, same tokens) and combines its logits with
+the target's guidance scale before the shared sampling order, as LANTERN's drafter does. The token
+embedding and output head are the target's own (frozen); only `fc` and the layer are trained.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from specmm.core.acceptance import AcceptResult
+from specmm.core.drafters import RoundSlots, accepted_tokens
+from specmm.core.sampling import Generators, SamplingConfig
+from specmm.core.target import FEATURES, PrefillOutput
+from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+from specmm.image_ar.llamagen.config import GPTConfig
+from specmm.image_ar.llamagen.gpt import (
+    KVCache,
+    LlamaGenGPT,
+    TransformerBlock,
+    rope_table_2d,
+)
+from specmm.image_ar.target import GuidedTarget
+
+
+class DraftHead(nn.Module):
+    """fc([emb(x_j); f_j]) -> one decoder layer -> predicted feature f_{j+1} (rotary cell j)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.dim, config.dim, bias=False)
+        self.layer = TransformerBlock(config)
+        self.register_buffer("rope", rope_table_2d(config.grid_size, config.head_dim, config.rope_base, 0),
+                             persistent=False)
+
+    def forward(self, token_embeds: Tensor, features: Tensor, cells: Tensor, mask: Tensor | None,
+                cache: KVCache | None = None, slots: Tensor | None = None) -> Tensor:
+        """token_embeds, features [R, n, d]; cells [R, n] grid cells -> predicted features [R, n, d]."""
+        x = self.fc(torch.cat([token_embeds, features], -1))
+        rope = self.rope[cells.clamp(max=self.config.block_size - 1)]
+        return self.layer(x, rope, mask, cache, 0, slots)
+
+
+def head_config(target_config: GPTConfig, **overrides) -> GPTConfig:
+    """The drafter's layer config: the target's width, heads and grid (one layer)."""
+    return replace(target_config, n_layer=1, **overrides)
+
+
+class ImageDrafter:
+    """Core `Drafter` around a `DraftHead`, reading the target's features on both guidance halves."""
+
+    needs = frozenset({FEATURES})
+
+    def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        if head.config.dim != gpt.config.dim or head.config.block_size != gpt.config.block_size:
+            raise ValueError(f"drafter: head (dim {head.config.dim}, block {head.config.block_size}) does not fit "
+                             f"the GPT (dim {gpt.config.dim}, block {gpt.config.block_size})")
+        self.head, self.gpt = head, gpt
+        self.vocab_size, self.device = gpt.config.vocab_size, gpt.tok_embeddings.weight.device
+        self.draft_forwards = 0
+        self.target: GuidedTarget | None = None
+
+    @classmethod
+    def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
+        ref = gpt.tok_embeddings.weight
+        return cls(DraftHead(head_config(gpt.config, **overrides)).to(ref.device, ref.dtype), gpt)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(self.head.config.to_dict(), indent=2))
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, path / "model.safetensors")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, gpt: LlamaGenGPT) -> ImageDrafter:
+        path = Path(path)
+        config = GPTConfig(**json.loads((path / "config.json").read_text()))
+        drafter = cls(DraftHead(config), gpt)
+        drafter.head.load_state_dict(load_file(path / "model.safetensors"))
+        ref = gpt.tok_embeddings.weight
+        drafter.head.to(ref.device, ref.dtype).eval()
+        return drafter
+
+    def bind(self, target: GuidedTarget) -> ImageDrafter:
+        self.target = target
+        return self
+
+    # ------------------------------------------------------------------ engine protocol
+    def check_spec(self, spec: TreeSpec) -> None:
+        return None
+
+    def _rows(self, x: Tensor) -> Tensor:
+        return torch.cat([x, x]) if self.target.guided else x
+
+    def _unpack(self, features: Tensor) -> Tensor:
+        """[B, n, F] packed halves -> [R, n, d]."""
+        return torch.cat(features.chunk(2, -1)) if self.target.guided else features
+
+    def _pack(self, features: Tensor) -> Tensor:
+        return torch.cat(features.chunk(2), -1) if self.target.guided else features
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """Predicted features [R, n, d] -> guidance-combined logits [B, n, V]."""
+        logits = self.gpt.logits(hidden)
+        if not self.target.guided:
+            return logits
+        cond, uncond = logits.chunk(2)
+        return uncond + (cond - uncond) * self.target.cfg_scale
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
+        if self.target is None:
+            raise ValueError("drafter: call bind(target) (ImageSampler does) before generating")
+        batch = input_ids.shape[0]
+        rows = 2 * batch if self.target.guided else batch
+        c = self.head.config
+        ref = self.gpt.tok_embeddings.weight
+        self.cache = KVCache(1, rows, c.kv_heads, c.block_size + self.target.max_nodes + 1, c.head_dim, ref.dtype,
+                             ref.device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B] committed slots
+        self.draft_forwards = 0
+        self.pending = (input_ids[:, -1:], prefill.features, torch.ones_like(input_ids[:, -1:], dtype=torch.bool))
+
+    def _run(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor) -> Tensor:
+        """Run slots [B, n] (attend [B, n, S] bool) on both halves; returns predicted features [R, n, d]."""
+        self.draft_forwards += 1
+        embeds = self.gpt.tok_embeddings(self._rows(tokens))
+        return self.head(embeds, self._unpack(features), self._rows(cells), self._rows(attend)[:, None], self.cache,
+                         self._rows(slots))
+
+    @torch.no_grad()
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        tokens, features, valid = self.pending
+        batch, width = tokens.shape
+        device = tokens.device
+        keys = torch.arange(self.cache.length, device=device)
+        steps = torch.arange(width, device=device)
+        slots = self.lengths[:, None] + steps  # [B, P] valid entries are a prefix
+        out = self._run(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
+        last = valid.sum(1) - 1
+        rows = torch.arange(batch, device=device)
+        root_hidden = self._pack(out)[rows, last]  # [B, F]
+        self.lengths = self.lengths + valid.sum(1)
+        root_cell = self.lengths - 1  # [B] image index of the root
+        committed = keys[None, :] < self.lengths[:, None]  # [B, S]
+        round_slots = RoundSlots(root_hidden)
+        ancestry: list[Tensor] = []  # per run: [B, n, S] round slots each node sees (itself included)
+
+        def expand(new_tokens: Tensor, parent_slots: Tensor) -> Tensor:
+            n = new_tokens.shape[1]
+            depth = round_slots.child_depth(parent_slots)  # [B, n]
+            first = sum(a.shape[1] for a in ancestry)
+            node_slots = self.lengths[:, None] + first + torch.arange(n, device=device)  # [B, n]
+            seen = torch.zeros(batch, n, self.cache.length, dtype=torch.bool, device=device)
+            if ancestry:
+                previous = torch.cat(ancestry, 1)  # [B, R, S]
+                parent_view = previous.gather(1, parent_slots.clamp_min(0)[:, :, None].expand(-1, -1, seen.shape[2]))
+                seen |= parent_view & (parent_slots >= 0)[:, :, None]
+            seen.scatter_(2, node_slots[:, :, None], True)
+            ancestry.append(seen)
+            hidden = self._run(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
+                               node_slots, committed[:, None, :] | seen)
+            round_slots.add(depth, self._pack(hidden))
+            return self._logits(hidden)
+
+        root_logits = self._logits(self._unpack(root_hidden[:, None]))[:, 0]
+        return grow_tree(spec, roots, root_logits, expand, sampling, generators)
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        steps = torch.arange(result.path.shape[1], device=result.path.device)
+        self.pending = (accepted_tokens(tree, result), path_features, steps[None, :] <= result.num_accepted[:, None])
+
+    def select_rows(self, rows: Tensor) -> None:
+        cache_rows = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
+        self.cache.select_rows(cache_rows)
+        self.lengths = self.lengths[rows]
+        self.pending = tuple(p[rows] for p in self.pending)

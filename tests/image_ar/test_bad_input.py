@@ -1,0 +1,73 @@
+"""Bad input gets a ValueError naming the argument, before any work starts."""
+
+import pytest
+import torch
+
+from specmm.image_ar import (
+    GSD,
+    ImageSampler,
+    JacobiProposer,
+    Lantern,
+    LanternPP,
+    LlamaGen,
+)
+from specmm.image_ar.llamagen import gpt_config
+
+from .conftest import TINY_VQ
+
+GPT = {"dim": 32, "n_layer": 1, "n_head": 2, "vocab_size": 64, "block_size": 16, "num_classes": 10}
+
+
+def test_class_id_out_of_range(lg):
+    with pytest.raises(ValueError, match="conditions: class id 10 out of range"):
+        ImageSampler(lg, proposer="ar").sample(torch.tensor([1, 10]))
+
+
+def test_vq_codebook_differs_from_gpt_vocabulary():
+    with pytest.raises(ValueError, match="vq_config: codebook_size 32 differs from the GPT vocab_size 64"):
+        LlamaGen.from_config(GPT, {**TINY_VQ, "codebook_size": 32})
+
+
+def test_grid_inconsistent_with_block_size():
+    with pytest.raises(ValueError, match="image_size: 64 px"):
+        LlamaGen.from_config(GPT, TINY_VQ, image_size=64)  # 32x32 grid, the GPT has 4x4
+    with pytest.raises(ValueError, match="block_size 15 is not a square"):
+        gpt_config({**GPT, "block_size": 15})
+
+
+def test_guidance_scale_below_one(lg):
+    with pytest.raises(ValueError, match="cfg_scale: guidance scale must be >= 1"):
+        ImageSampler(lg, proposer="jacobi").sample(torch.tensor([1]), cfg_scale=0.5)
+
+
+def test_guidance_without_null_class():
+    lg = LlamaGen.from_config({**GPT, "class_dropout_prob": 0.0}, TINY_VQ)
+    with pytest.raises(ValueError, match="cfg_scale: guidance needs a null class"):
+        ImageSampler(lg, proposer="ar").sample(torch.tensor([1]), cfg_scale=2.0)
+
+
+def test_caption_shape_for_t2i():
+    lg = LlamaGen.from_config({**GPT, "model_type": "t2i", "caption_dim": 8, "cls_token_num": 5}, TINY_VQ)
+    with pytest.raises(ValueError, match=r"conditions: expected caption embeddings \[B, 5, 8\]"):
+        ImageSampler(lg, proposer="ar").sample(torch.zeros(1, 4, 8))
+
+
+def test_knobs_and_proposers(lg):
+    with pytest.raises(ValueError, match="delta"):
+        Lantern(k=5, delta=1.5)
+    with pytest.raises(ValueError, match="lam"):
+        LanternPP(k=5, lam=0.5)
+    with pytest.raises(ValueError, match="window"):
+        GSD(window=0)
+    with pytest.raises(ValueError, match="init"):
+        ImageSampler(lg, proposer="jacobi", init="diagonal")
+    with pytest.raises(ValueError, match="proposer"):
+        ImageSampler(lg, proposer="medusa")
+    with pytest.raises(ValueError, match="acceptance"):
+        ImageSampler(lg, acceptance="typical")
+    with pytest.raises(ValueError, match="window"):
+        JacobiProposer(None, window=1)
+    with pytest.raises(ValueError, match="top_k"):
+        ImageSampler(lg, proposer="ar").sample(torch.tensor([1]), top_k=-1)
+    with pytest.raises(ValueError, match="gpt_ckpt: no checkpoint file"):
+        LlamaGen.from_checkpoint("/nonexistent.pt", "/nonexistent_vq.pt", GPT, TINY_VQ)

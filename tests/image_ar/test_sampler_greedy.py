@@ -1,0 +1,67 @@
+"""Greedy speculative image tokens equal greedy AR tokens (with guidance), for every proposer and tree."""
+
+import pytest
+import torch
+
+from specmm.core.tree import TreeSpec
+from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern, lantern_pp_tree
+
+CONDITIONS = torch.tensor([1, 3, 5])
+
+
+@pytest.fixture(scope="module")
+def reference(lg):
+    return ImageSampler(lg, proposer="ar").sample(CONDITIONS, cfg_scale=3.0, temperature=0.0, decode=False)
+
+
+@pytest.mark.parametrize("init", ["random", "repeat_left", "repeat_up"])
+def test_jacobi_greedy_equals_ar_with_guidance(lg, reference, init):
+    out = ImageSampler(lg, proposer="jacobi", init=init, window=6).sample(CONDITIONS, cfg_scale=3.0, temperature=0.0,
+                                                                          decode=False)
+    assert torch.equal(out.tokens, reference.tokens)
+    assert sum(out.stats["target_forwards_per_row"]) < 3 * 16 or out.stats["step_compression"] >= 1.0
+
+
+@pytest.mark.parametrize("tree", [TreeSpec.chain(3), TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8),
+                                  lantern_pp_tree()], ids=["chain", "dynamic", "static57"])
+def test_drafter_greedy_equals_ar_with_guidance(lg, reference, tree):
+    drafter = ImageDrafter.for_target(lg.gpt)
+    out = ImageSampler(lg, proposer=drafter, tree=tree).sample(CONDITIONS, cfg_scale=3.0, temperature=0.0,
+                                                              decode=False)
+    assert torch.equal(out.tokens, reference.tokens)
+
+
+def test_greedy_equal_with_cfg_interval(lg):
+    ar = ImageSampler(lg, proposer="ar", cfg_interval=5).sample(CONDITIONS, cfg_scale=3.0, temperature=0.0,
+                                                                 decode=False)
+    always = ImageSampler(lg, proposer="ar").sample(CONDITIONS, cfg_scale=3.0, temperature=0.0, decode=False)
+    jacobi = ImageSampler(lg, proposer="jacobi", window=5, cfg_interval=5).sample(
+        CONDITIONS, cfg_scale=3.0, temperature=0.0, decode=False)
+    assert torch.equal(jacobi.tokens, ar.tokens)
+    assert not torch.equal(ar.tokens, always.tokens)  # the interval really switched guidance off
+
+
+@pytest.mark.parametrize("relaxed", [Lantern(k=5, delta=0.0), GSD(window=1)], ids=["lantern-delta0", "gsd-singleton"])
+@pytest.mark.parametrize("proposer", ["jacobi", "drafter"])
+def test_relaxed_rules_at_zero_knobs_equal_exact_when_sampling(lg, relaxed, proposer):
+    def run(rule):
+        p = ImageDrafter.for_target(lg.gpt) if proposer == "drafter" else "jacobi"
+        sampler = ImageSampler(lg, proposer=p, acceptance=rule, window=6,
+                               tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8) if proposer == "drafter" else None)
+        gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+        return sampler.sample(CONDITIONS, cfg_scale=2.0, temperature=1.0, top_k=16, generator=gens, decode=False)
+
+    torch.manual_seed(0)
+    exact = run("exact")
+    torch.manual_seed(0)
+    relaxed_out = run(relaxed)
+    assert torch.equal(exact.tokens, relaxed_out.tokens)
+    assert relaxed_out.stats["moved_mass_per_accepted_draft"] == 0.0
+
+
+def test_images_and_stats(lg):
+    out = ImageSampler(lg, proposer="jacobi", window=4).sample(CONDITIONS[:2], cfg_scale=2.0, temperature=1.0, top_k=8,
+                                                               generator=torch.Generator().manual_seed(0))
+    assert len(out.images) == 2 and out.images[0].size == (lg.image_size, lg.image_size)
+    assert out.tokens.shape == (2, 16)
+    assert all(1 <= f <= 16 for f in out.stats["target_forwards_per_row"])

@@ -1,0 +1,35 @@
+"""The LANTERN++ static tree shape, and drafter training that lowers its loss."""
+
+import torch
+
+from specmm.image_ar import ImageDrafter, lantern_pp_tree
+from specmm.image_ar.drafter_train import (
+    DrafterTrainConfig,
+    drafter_loss,
+    train_drafter,
+)
+
+
+def test_lantern_pp_tree_has_57_nodes_with_upstream_depth_profile():
+    tree = lantern_pp_tree()
+    _, _, depths = tree.static_layout
+    assert tree.num_nodes == 58  # root + 57 drafts
+    assert [depths.count(d) for d in range(1, 6)] == [5, 13, 16, 14, 9]
+
+
+def test_drafter_training_lowers_loss_and_round_trips(lg, tmp_path):
+    torch.manual_seed(0)
+    codes = torch.randint(0, 64, (32, 16))
+    codes[:, 1::2] = codes[:, 0::2]  # a learnable pattern: every second token repeats its left neighbour
+    labels = torch.randint(0, 10, (32,))
+    drafter = ImageDrafter.for_target(lg.gpt)
+    eval_codes, eval_labels = codes[:8], labels[:8]
+    before = float(drafter_loss(drafter, eval_labels, eval_codes)[0])
+    metrics = list(train_drafter(drafter, codes, labels, DrafterTrainConfig(steps=30, batch_size=8, lr=3e-3),
+                                 progress=False))
+    after = float(drafter_loss(drafter, eval_labels, eval_codes)[0])
+    assert len(metrics) == 30 and after < 0.8 * before
+    drafter.save_pretrained(tmp_path / "drafter")
+    loaded = ImageDrafter.from_pretrained(tmp_path / "drafter", lg.gpt)
+    assert float(drafter_loss(loaded, eval_labels, eval_codes)[0]) == after
+    assert all(not p.requires_grad for p in lg.gpt.parameters())
