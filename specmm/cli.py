@@ -316,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     caption.add_argument("--dtype", type=_dtype, default=torch.float32)
     caption.set_defaults(func=cmd_caption)
+
+    from specmm.reasoning.cli import add_parsers as add_reasoning_parsers  # `reason`, `bench reasoning`
+
+    add_reasoning_parsers(sub, bsub)
     return parser
 
 

@@ -8,6 +8,7 @@ Labels are 1[advantage > 0] with the advantage averaged over several target samp
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
 
 STAT_FEATURES = 8
 
@@ -69,8 +72,8 @@ class StepRouter(nn.Module):
 
     @torch.no_grad()
     def predict(self, view) -> Tensor:
-        features = draft_features(view).to(next(self.parameters()).device)
-        return self(features).sigmoid().to(view.steps_done.device)
+        weight = next(self.parameters())
+        return self(draft_features(view).to(weight.device, weight.dtype)).sigmoid().float().to(view.steps_done.device)
 
     def save_pretrained(self, folder: str | Path) -> None:
         folder = Path(folder)
@@ -91,8 +94,9 @@ def balanced_labels(advantages: Tensor, seed: int = 0) -> tuple[Tensor, Tensor]:
     labels = (advantages > 0).long()
     positive, negative = labels.nonzero().flatten(), (labels == 0).nonzero().flatten()
     count = min(positive.numel(), negative.numel())
-    if count == 0:
-        raise ValueError("advantages: every step has the same label; collect more varied data")
+    if count == 0:  # one class only (e.g. untrained models): nothing to balance
+        logger.warning("router labels: every step has label %d; the router can only learn a constant", int(labels[0]))
+        return torch.arange(labels.numel()), labels
     gen = torch.Generator().manual_seed(seed)
     keep = torch.cat([positive[torch.randperm(positive.numel(), generator=gen)[:count]],
                       negative[torch.randperm(negative.numel(), generator=gen)[:count]]])
@@ -119,4 +123,4 @@ def train_router(features: Tensor, advantages: Tensor, hidden_size: int, *, step
         predicted = router(x) > 0
     return router, {"examples": int(features.shape[0]), "balanced_examples": int(x.shape[0]),
                     "positive_share": float((advantages > 0).float().mean()),
-                    "train_accuracy": float((predicted == y.bool()).float().mean()), "final_loss": float(loss)}
+                    "train_accuracy": float((predicted == y.bool()).float().mean()), "final_loss": float(loss.detach())}

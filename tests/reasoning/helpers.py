@@ -22,7 +22,7 @@ def models():
     return tokenizer, target, draft
 
 
-def prompts(count: int = 3, seed: int = 0) -> list[str]:
+def prompts(count: int = 4, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [sample_problem(rng).prompt for _ in range(count)]
 

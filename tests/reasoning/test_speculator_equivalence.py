@@ -25,7 +25,7 @@ from tests.reasoning.helpers import (
 )
 
 SAMPLINGS = {"greedy": (SamplingConfig(0.0), None), "sampled": (SamplingConfig(0.9, top_k=12), 7)}
-MAX_NEW, STEP_BUDGET = 24, 6
+MAX_NEW, STEP_BUDGET = 36, 7
 
 
 def run(policy, sampling_name, batch=None, **kw):
