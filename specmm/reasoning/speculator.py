@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.target import attention_backend, model_device, output_vocab_size
+from specmm.reasoning.inner import speculate_step
 from specmm.reasoning.policies import StepPolicy, TargetOnly
 from specmm.reasoning.rollout import DRAFT, TARGET, RolloutBatch, assemble
 from specmm.reasoning.state import ModelState, StepDraw, pack
@@ -99,7 +100,8 @@ class _Run:
         for b, p in enumerate(prompts):
             padded[b, : len(p)] = torch.tensor(p, device=device)
         policy = spec.policy
-        self.draft = ModelState(spec.draft, batch, policy.needs_features) if policy.proposes else None
+        uses_draft = policy.proposes or spec.inner_speculation is not None
+        self.draft = ModelState(spec.draft, batch, policy.needs_features) if uses_draft else None
         self.target = ModelState(spec.target, batch) if policy.uses_target else None
         for state in (self.draft, self.target):
             if state is not None:
@@ -135,12 +137,17 @@ class StepSpeculator:
     """Step-level speculation of `target` with a smaller `draft` of the same vocabulary, under a policy."""
 
     def __init__(self, target: nn.Module, draft: nn.Module | None, tokenizer, policy: StepPolicy | None = None, *,
-                 delimiter: str | Sequence[int] = "\n\n", max_step_tokens: int = 256, draft_tokenizer=None):
+                 delimiter: str | Sequence[int] = "\n\n", max_step_tokens: int = 256, draft_tokenizer=None,
+                 inner_speculation: int | None = None):
         policy = policy if policy is not None else TargetOnly()
         if not isinstance(policy, StepPolicy):
             raise ValueError(f"policy: expected a specmm.reasoning StepPolicy, got {type(policy).__name__}")  # noqa: TRY004
+        if inner_speculation is not None and (isinstance(inner_speculation, bool) or not isinstance(
+                inner_speculation, int) or inner_speculation < 1):
+            raise ValueError(f"inner_speculation: expected None or an integer >= 1, got {inner_speculation!r}")
+        self.inner_speculation = inner_speculation
         for name, model in (("target", target), ("draft", draft)):
-            if model is None and (name == "target" or policy.proposes):
+            if model is None and (name == "target" or policy.proposes or inner_speculation):
                 raise ValueError(f"{name}: policy {policy.name} needs a {name} model")
             if model is not None:
                 if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
@@ -269,7 +276,11 @@ class StepSpeculator:
                         state.close_round(keep, tail, ones)
                     else:
                         state.append_pending(d.tokens, torch.where(accept, d.lengths, 0))
-        if target is not None and bool(reject.any()):
+        if target is not None and bool(reject.any()) and self.inner_speculation and draft is not None:
+            with timer("target"):  # exact token-level speculation inside the step; settles both caches
+                t = speculate_step(target, draft, reject, budget, self.inner_speculation, sampling, target_gens,
+                                   draft_gens, self.delimiter, run.eos)
+        elif target is not None and bool(reject.any()):
             with timer("target"):
                 t = target.generate_step(reject, budget, sampling, target_gens, self.delimiter, run.eos)
             with timer("sync"):
