@@ -77,9 +77,10 @@ def _accuracy(completions, problems, tokenizer) -> tuple[float, float]:
     return acc, math.sqrt(acc * (1 - acc) / len(hits))
 
 
-def run_step_method(models, policy, problems, batch: int, setup: ReasoningBenchSetup, device) -> MethodResult:
+def run_step_method(models, policy, problems, batch: int, setup: ReasoningBenchSetup, device,
+                    inner: int | None = None) -> MethodResult:
     spec = StepSpeculator(models.target, models.draft, models.tokenizer, policy, delimiter=[models.step_token_id],
-                          max_step_tokens=setup.max_step_tokens)
+                          max_step_tokens=setup.max_step_tokens, inner_speculation=inner)
     sampling = specmm.SamplingConfig(temperature=setup.temperature)
     completions, wall, checked, kept, draft_tokens, tokens, forwards = [], 0.0, 0, 0, 0, 0, 0
     for i in range(0, len(problems), batch):
@@ -95,7 +96,8 @@ def run_step_method(models, policy, problems, batch: int, setup: ReasoningBenchS
         tokens += int(mask.sum())
         forwards += out.counters["target_forwards"]
     acc, se = _accuracy(completions, problems, models.tokenizer)
-    return MethodResult(policy.name, acc, se, wall, math.ceil(len(problems) / batch),
+    name = policy.name + (f" + token SD k={inner} in regenerated steps" if inner else "")
+    return MethodResult(name, acc, se, wall, math.ceil(len(problems) / batch),
                         kept / checked if checked else math.nan, draft_tokens / max(tokens, 1), tokens, forwards,
                         completions)
 
@@ -138,6 +140,10 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
     for t in setup.arbitrage_thresholds:
         runs.append(("arbitrage", step(lambda t=t: Arbitrage(models.router, t))))
     runs.append(("token-sd", lambda ps: run_token_sd(models, ps, batch, setup, device)))
+    strictest = max(setup.specreason_thresholds)
+    runs.append(("specreason+sd", lambda ps: run_step_method(
+        models, SpecReason(strictest, template=template, method="expected"), ps, batch, setup, device,
+        inner=setup.token_sd_k)))
     results = []
     warm = problems[: batch]
     for _, fn in tqdm(runs, desc=f"warm-up (batch {batch})", disable=not progress):
@@ -145,7 +151,7 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
     for _, fn in tqdm(runs, desc=f"bench (batch {batch})", disable=not progress):
         results.append(fn(problems))
     # random routing at each measured acceptance rate of the learned policies
-    for result in [r for r in results if r.name.startswith(("specreason", "arbitrage"))]:
+    for result in [r for r in results if r.name.startswith(("specreason", "arbitrage")) and "token SD" not in r.name]:
         if not math.isnan(result.acceptance):
             p = round(1 - result.acceptance, 3)
             random_result = run_step_method(models, RandomRouting(p, seed=batch), problems, batch, setup, device)
@@ -206,10 +212,15 @@ def plot(results: dict[int, list[MethodResult]], path: str | Path) -> Path:
     for ax, (batch, rows) in zip(axes[0], results.items()):
         base = rows[0].latency_s
         for family, color in families.items():
-            points = sorted((r.latency_s / base, r.accuracy, r.stderr) for r in rows if r.name.startswith(family))
+            points = sorted((r.latency_s / base, r.accuracy, r.stderr) for r in rows
+                            if r.name.startswith(family) and "token SD" not in r.name)
             if points:
                 x, y, e = zip(*points)
                 ax.errorbar(x, y, yerr=e, marker="o", color=color, label=family, linestyle="-" if len(x) > 1 else "")
+        for r in rows:
+            if "token SD" in r.name:
+                ax.errorbar([r.latency_s / base], [r.accuracy], yerr=[r.stderr], marker="s", color="tab:purple",
+                            label="specreason + token SD")
         ax.set_title(f"batch {batch}")
         ax.set_xlabel("latency / target-only latency (measured)")
         ax.set_ylabel("answer accuracy")

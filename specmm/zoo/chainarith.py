@@ -51,23 +51,26 @@ HELDOUT_SEED = 1_000_000  # held-out problems come from this stream, training pr
 SEQ_LEN = 104
 
 RECIPES = {
-    "tiny": {"target": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
-                 "draft": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32},
-                 "target_train": {"steps": 6, "batch_size": 8, "checkpoint_every": 3, "warmup_steps": 2},
-                 "draft_train": {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "warmup_steps": 2},
-                 "judge_share": 0.3, "router_problems": 8, "router_samples": 2, "router_steps": 20, "eval_problems": 8},
+    "tiny": {
+        "target": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+        "draft": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32},
+        "target_train": {"steps": 6, "batch_size": 8, "checkpoint_every": 3, "warmup_steps": 2},
+        "draft_train": {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "warmup_steps": 2},
+        "judge_share": 0.3, "router_problems": 8, "router_samples": 2, "router_steps": 20, "eval_problems": 8},
     # <= 6 minutes on 2 idle CPU cores
-    "cpu": {"target": {"hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 256},
-                "draft": {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128},
-                "target_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 50},
-                "draft_train": {"steps": 250, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 50},
-                "judge_share": 0.3, "router_problems": 192, "router_samples": 4, "router_steps": 400, "eval_problems": 128},
+    "cpu": {
+        "target": {"hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 256},
+        "draft": {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128},
+        "target_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 50},
+        "draft_train": {"steps": 250, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 50},
+        "judge_share": 0.3, "router_problems": 192, "router_samples": 4, "router_steps": 400, "eval_problems": 128},
     # for GPU benchmarks (untested here)
-    "gpu": {"target": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "intermediate_size": 1536},
-                "draft": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 384},
-                "target_train": {"steps": 6000, "batch_size": 128, "lr": 1.5e-3, "warmup_steps": 200, "checkpoint_every": 500},
-                "draft_train": {"steps": 2000, "batch_size": 128, "lr": 2e-3, "warmup_steps": 100, "checkpoint_every": 500},
-                "judge_share": 0.3, "router_problems": 2048, "router_samples": 4, "router_steps": 1000, "eval_problems": 512},
+    "gpu": {
+        "target": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "intermediate_size": 1536},
+        "draft": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 384},
+        "target_train": {"steps": 6000, "batch_size": 128, "lr": 1.5e-3, "warmup_steps": 200, "checkpoint_every": 500},
+        "draft_train": {"steps": 2000, "batch_size": 128, "lr": 2e-3, "warmup_steps": 100, "checkpoint_every": 500},
+        "judge_share": 0.3, "router_problems": 2048, "router_samples": 4, "router_steps": 1000, "eval_problems": 512},
 }
 
 
