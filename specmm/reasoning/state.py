@@ -170,5 +170,6 @@ class ModelState:
                 out = self.run(token[:, None], live[:, None])
                 logits = out.logits[:, 0]
                 hidden = self.runner.captured[:, 0] if hiddens is not None else None
-        stacked = torch.stack(hiddens, 1) if hiddens else None
-        return StepDraw(tokens, lengths, logprobs, entropy, stacked, eos_hit)
+        done = int(lengths.max()) if batch else 0  # the loop stops once every row has ended
+        stacked = torch.stack(hiddens[:done], 1) if hiddens else None
+        return StepDraw(tokens[:, :done], lengths, logprobs[:, :done], entropy[:, :done], stacked, eos_hit)
