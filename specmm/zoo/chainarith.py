@@ -1,8 +1,9 @@
 """Zoo entry `chainarith`: a Llama target, a weaker one-layer draft and an Arbitrage router on ChainArith.
 
 The target is trained on solutions and, multi-task, to emit a judge digit after `<JUDGE>` (9 for a valid
-step, 0 for a corrupted one), so SpecReason's self-judge is one prefill; the draft is smaller and trained
-less, so it fails mostly on products. The router is fitted on oracle labels (advantage of target samples
+step, 0 for a corrupted one), so SpecReason's self-judge is one prefill; the draft is narrower and shallower
+(two layers: copying an operand from the prompt is an induction-style lookup one layer cannot do), so it
+fails mostly on products. The router is fitted on oracle labels (advantage of target samples
 over the draft step under the exact step checker), with features from the draft's own step.
 """
 
@@ -60,9 +61,9 @@ RECIPES = {
     # <= 6 minutes on 2 idle CPU cores
     "cpu": {
         "target": {"hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 256},
-        "draft": {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128},
+        "draft": {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
         "target_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 50},
-        "draft_train": {"steps": 250, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 50},
+        "draft_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 100},
         "judge_share": 0.3, "router_problems": 192, "router_samples": 4, "router_steps": 400, "eval_problems": 128},
     # for GPU benchmarks (untested here)
     "gpu": {
