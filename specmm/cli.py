@@ -327,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     caption.set_defaults(func=cmd_caption)
     from specmm.image_ar.cli import add_parser as add_sample_images
     add_sample_images(sub)
+
+    from specmm.reasoning.cli import add_parsers as add_reasoning_parsers  # `reason`, `bench reasoning`
+
+    add_reasoning_parsers(sub, bsub)
     return parser
 
 

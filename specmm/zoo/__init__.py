@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, code, imagegen, ssm_code
+from specmm.zoo import captioner, captioner_drafters, chainarith, code, imagegen, ssm_code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ register(ZooEntry("ssm-code", "Mamba2 and Bamba-hybrid targets on the code corpu
                   ssm_code.RECIPES, ssm_code.build))
 register(ZooEntry("imagegen", "class-conditional LlamaGen (VQ + GPT) on 10 procedural image classes, + image drafter "
                   "and timm classifier", imagegen.RECIPES, imagegen.build))
+register(ZooEntry("chainarith", "ChainArith reasoning: Llama target with a trained self-judge, weaker draft, "
+                  "Arbitrage router", chainarith.RECIPES, chainarith.build))
 
 
 def get(name: str) -> ZooEntry:

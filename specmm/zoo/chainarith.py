@@ -1,0 +1,216 @@
+"""Zoo entry `chainarith`: a Llama target, a weaker one-layer draft and an Arbitrage router on ChainArith.
+
+The target is trained on solutions and, multi-task, to emit a judge digit after `<JUDGE>` (9 for a valid
+step, 0 for a corrupted one), so SpecReason's self-judge is one prefill; the draft is narrower and shallower
+(two layers: copying an operand from the prompt is an induction-style lookup one layer cannot do), so it
+fails mostly on products. The router is fitted on oracle labels (advantage of target samples
+over the draft step under the exact step checker), with features from the draft's own step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from specmm.core.sampling import GREEDY
+from specmm.reasoning import (
+    DraftOnly,
+    OracleRouting,
+    StepRouter,
+    StepSpeculator,
+    TargetOnly,
+    train_router,
+)
+from specmm.zoo.chainarith_task import (
+    BAD,
+    GOOD,
+    JUDGE,
+    STEP,
+    StepChecker,
+    answer_of,
+    corrupt,
+    is_hard,
+    make_tokenizer,
+    sample_problem,
+)
+from specmm.zoo.lm_training import IGNORE, LMTrainConfig, train_causal_lm
+
+logger = logging.getLogger(__name__)
+
+HELDOUT_SEED = 1_000_000  # held-out problems come from this stream, training problems never do
+SEQ_LEN = 104
+
+RECIPES = {
+    "tiny": {
+        "target": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64},
+        "draft": {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32},
+        "target_train": {"steps": 6, "batch_size": 8, "checkpoint_every": 3, "warmup_steps": 2},
+        "draft_train": {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "warmup_steps": 2},
+        "judge_share": 0.3, "router_problems": 8, "router_samples": 2, "router_steps": 20, "eval_problems": 8},
+    # <= 6 minutes on 2 idle CPU cores
+    "cpu": {
+        "target": {"hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 256},
+        "draft": {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
+        "target_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 50},
+        "draft_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 100},
+        "judge_share": 0.3, "router_problems": 192, "router_samples": 4, "router_steps": 400, "eval_problems": 128},
+    # for GPU benchmarks (untested here)
+    "gpu": {
+        "target": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "intermediate_size": 1536},
+        "draft": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 384},
+        "target_train": {"steps": 6000, "batch_size": 128, "lr": 1.5e-3, "warmup_steps": 200, "checkpoint_every": 500},
+        "draft_train": {"steps": 2000, "batch_size": 128, "lr": 2e-3, "warmup_steps": 100, "checkpoint_every": 500},
+        "judge_share": 0.3, "router_problems": 2048, "router_samples": 4, "router_steps": 1000, "eval_problems": 512},
+}
+
+
+def heldout_problems(count: int) -> list:
+    rng = random.Random(HELDOUT_SEED)
+    return [sample_problem(rng) for _ in range(count)]
+
+
+def training_example(rng: random.Random, tokenizer, judge_share: float) -> tuple[list[int], list[int]]:
+    """(input ids, labels): a full solution (loss on the solution), or a judge example (loss on the digit)."""
+    problem = sample_problem(rng)
+    steps = problem.steps()
+    prompt = tokenizer.encode(problem.prompt)
+    if rng.random() >= judge_share:
+        solution = tokenizer.encode("".join(steps))
+        return prompt + solution, [IGNORE] * len(prompt) + solution
+    k = rng.randrange(len(steps))
+    candidate = steps[k] if rng.random() < 0.5 else corrupt(steps[k], rng)
+    digit = GOOD if candidate == steps[k] else BAD
+    ids = prompt + tokenizer.encode("".join(steps[:k]) + candidate + JUDGE + digit)
+    return ids, [IGNORE] * (len(ids) - 1) + [ids[-1]]
+
+
+def batches(tokenizer, config: LMTrainConfig, judge_share: float):
+    """make_batch(step): right-padded [B, SEQ_LEN] examples, a pure function of (seed, step)."""
+    pad = tokenizer.pad_token_id
+
+    def make_batch(step: int) -> dict[str, torch.Tensor]:
+        rng = random.Random(config.seed * 1_000_003 + step)
+        ids = torch.full((config.batch_size, SEQ_LEN), pad, dtype=torch.long)
+        labels = torch.full_like(ids, IGNORE)
+        for b in range(config.batch_size):
+            x, y = training_example(rng, tokenizer, judge_share)
+            ids[b, : len(x)], labels[b, : len(y)] = torch.tensor(x), torch.tensor(y)
+        width = int((ids != pad).sum(1).max())  # trim the common padding
+        return {"input_ids": ids[:, :width], "labels": labels[:, :width]}
+
+    return make_batch
+
+
+def make_model(size: dict, tokenizer, seed: int) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=256, num_key_value_heads=size[
+        "num_attention_heads"], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, **size)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def evaluate(target, draft, tokenizer, count: int) -> dict:
+    """Greedy answer accuracy and per-type step validity of target-only and draft-only decoding."""
+    problems = heldout_problems(count)
+    checker = StepChecker(tokenizer)
+    result = {}
+    for name, policy in (("target", TargetOnly()), ("draft", DraftOnly())):
+        spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=[tokenizer.convert_tokens_to_ids(STEP)],
+                              max_step_tokens=12)
+        out = spec.generate([p.prompt for p in problems], max_new_tokens=96, sampling=GREEDY)
+        correct, valid = 0, {"easy": [], "hard": []}
+        for b, problem in enumerate(problems):
+            completion = out.completions[b]
+            correct += answer_of(tokenizer.decode(completion)) == problem.answer
+            prompt = tokenizer.encode(problem.prompt)
+            for start, end in out.step_spans[b]:
+                context = prompt + completion[:start]
+                kind = "hard" if is_hard(tokenizer.decode(context)) else "easy"
+                valid[kind].append(checker([context], [completion[start:end]])[0])
+        result[name] = {"accuracy": correct / count,
+                        **{f"{k}_step_validity": sum(v) / max(len(v), 1) for k, v in valid.items()}}
+    return result
+
+
+def collect_router_data(target, draft, tokenizer, recipe: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Draft-side features and oracle advantages on training problems (greedy draft, sampled target)."""
+    rng = random.Random(seed + 77)
+    problems = [sample_problem(rng) for _ in range(recipe["router_problems"])]
+    policy = OracleRouting(StepChecker(tokenizer), samples=recipe["router_samples"], seed=seed)
+    spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=[tokenizer.convert_tokens_to_ids(STEP)],
+                          max_step_tokens=12)
+    for i in range(0, len(problems), 64):
+        spec.generate([p.prompt for p in problems[i: i + 64]], max_new_tokens=96, sampling=GREEDY)
+    return {"features": torch.cat(policy.features), "advantages": torch.cat(policy.advantages)}
+
+
+def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
+    work = dest / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tokenizer()
+    record = {"task": "ChainArith: 3-6 ops mod 100 (+1..9 easy, *2..9 hard)", "models": {}}
+    trained = {}
+    for offset, role in enumerate(("draft", "target")):
+        model = make_model(recipe[role], tokenizer, seed + offset)
+        config = LMTrainConfig(seq_len=SEQ_LEN, seed=seed + offset, **recipe[f"{role}_train"])
+        share = recipe["judge_share"] if role == "target" else 0.0
+        losses = train_causal_lm(model, batches(tokenizer, config, share), config, work / role,
+                                 desc=f"chainarith/{role}", progress=progress)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(dest / role)
+        tokenizer.save_pretrained(dest / role)
+        trained[role] = model
+        tail = losses[-max(1, len(losses) // 20):]
+        record["models"][role] = {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
+                                  "final_train_loss": sum(tail) / len(tail)}
+    target, draft = trained["target"], trained["draft"]
+    record["heldout"] = evaluate(target, draft, tokenizer, recipe["eval_problems"])
+    data_file = work / "router_data.pt"
+    if data_file.is_file():
+        data = torch.load(data_file, weights_only=True)
+    else:
+        data = collect_router_data(target, draft, tokenizer, recipe, seed)
+        torch.save(data, data_file)
+    router, stats = train_router(data["features"], data["advantages"], draft.config.hidden_size,
+                                 steps=recipe["router_steps"], seed=seed)
+    router.save_pretrained(dest / "router")
+    record["router"] = stats
+    return record
+
+
+@dataclass
+class ChainArithModels:
+    target: LlamaForCausalLM
+    draft: LlamaForCausalLM
+    tokenizer: PreTrainedTokenizerFast
+    router: StepRouter
+    record: dict
+
+    @property
+    def step_token_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(STEP)
+
+
+def load(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ChainArithModels:
+    """Load a built entry as a user's folders would load."""
+    kwargs = {"dtype": dtype, "attn_implementation": "sdpa"}
+    target = AutoModelForCausalLM.from_pretrained(path / "target", **kwargs).to(device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(path / "draft", **kwargs).to(device).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "target")
+    tokenizer.padding_side = "left"
+    router = StepRouter.from_pretrained(path / "router", device)
+    record = json.loads((path / "zoo.json").read_text()) if (path / "zoo.json").is_file() else {}
+    return ChainArithModels(target, draft, tokenizer, router, record)
