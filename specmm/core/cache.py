@@ -101,8 +101,10 @@ class RowCache:
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` of the batch (between rounds)."""
-        if self.physical_length:
-            self.cache.batch_select_indices(rows)
+        self.cache.batch_select_indices(rows)
+        for layer in self.cache.layers:  # HF skips empty layers, which would keep the old batch size
+            if getattr(layer, "keys", None) is not None and layer.keys.shape[0] != rows.numel():
+                layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         self.lengths = self.lengths[rows]
         self._truncate(int(self.lengths.max()) if rows.numel() else 0)
 

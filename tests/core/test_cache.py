@@ -70,3 +70,16 @@ def test_cache_equals_fresh_prefill_after_random_accepts_and_rejects(arch):
     lengths = target.runner.cache.lengths.tolist()
     assert lengths == [len(h) for h in history]
     assert target.runner.cache.committed_length == max(lengths), "stale slots must not pile up"
+
+
+def test_selecting_rows_of_an_empty_cache_keeps_later_appends_consistent():
+    from specmm.core.cache import RowCache
+
+    cache = RowCache(3, torch.device("cpu"))
+    empty = torch.randn(3, 2, 0, 8)  # e.g. one-token prompts: a layer initialised with nothing in it
+    cache.cache.update(empty, empty.clone(), 0)
+    assert cache.physical_length == 0
+    cache.select_rows(torch.tensor([0, 2]))
+    more = torch.randn(2, 2, 1, 8)
+    out_keys, _ = cache.cache.update(more, more.clone(), 0)
+    assert out_keys.shape == (2, 2, 1, 8) and torch.equal(out_keys, more)
