@@ -91,8 +91,12 @@ class ContinuousAR(nn.Module):
         mask = self.causal[:n, :n].to(inputs.dtype)
         return self.norm(self.backbone(inputs, mask=mask, is_causal=True))
 
-    def loss(self, latents: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Teacher-forced head loss over every token; latents [B, N, C] in raster order."""
+    def loss(self, latents: Tensor, labels: Tensor, generator: torch.Generator | None = None,
+             head_repeats: int = 1) -> Tensor:
+        """Teacher-forced head loss over every token; latents [B, N, C] in raster order.
+
+        `head_repeats` scores each token at that many denoising steps (MAR's diffusion batch multiplier).
+        """
         b, n, _ = latents.shape
         if self.config.order == "random":
             orders = torch.argsort(torch.rand(b, n, generator=generator, device=latents.device), -1)
@@ -100,7 +104,8 @@ class ContinuousAR(nn.Module):
             orders = self.raster_orders(b, latents.device)
         tokens = torch.gather(latents, 1, orders[..., None].expand_as(latents))
         z = self.features(tokens, labels, orders)
-        return self.head.loss(tokens.flatten(0, 1), z.flatten(0, 1), generator)
+        return self.head.loss(tokens.flatten(0, 1).repeat(head_repeats, 1), z.flatten(0, 1).repeat(head_repeats, 1),
+                              generator)
 
     def save_pretrained(self, folder: str | Path) -> None:
         folder = Path(folder)

@@ -227,7 +227,8 @@ class CSpDSampler:
         proposals = 0
         while proposals < self.max_proposals and bool(todo.any()):
             rows = todo.nonzero().squeeze(1)  # only rows still waiting draw candidates
-            count = min(self.proposals_per_round, self.max_proposals - proposals)
+            residual = ~bonus[rows]  # rows drawing from the residual (the rest take one plain target sample)
+            count = min(self.proposals_per_round if bool(residual.any()) else 1, self.max_proposals - proposals)
             candidates, log_target, log_draft = rule.propose(target, draft, ctx.rows(rows), count, temperature,
                                                              generator)  # [R, m, C], [R, m], [R, m]
             uniform = torch.rand(log_target.shape, generator=generator, dtype=log_target.dtype,
@@ -239,7 +240,7 @@ class CSpDSampler:
             token[rows] = torch.where(take[:, None], _at(candidates, ok.long().argmax(1)), token[rows])
             todo[rows] = ~take
             proposals += count
-            stats.residual_proposals += count * rows.numel()
+            stats.residual_proposals += count * int(residual.sum())
         if bool(todo.any()):
             stats.fallbacks += int(todo.sum())
             token = torch.where(todo[:, None], self._target_sample(ctx, temperature, generator), token)
