@@ -2,7 +2,9 @@
 
 Pipeline: train the KL autoencoder on the procedural class images, encode them into latent token maps (posterior
 means, scaled to unit std: the `scaling_factor` saved in the VAE's config), train the target and the draft
-`ContinuousAR` on those tokens, and train a small timm classifier (the FID/KID feature extractor of the benchmark).
+`ContinuousAR` on those tokens (recipes with `distill_train` then distill the draft towards the target by the
+trajectory KL, on which CSpD's acceptance depends; the cpu recipe does not), and train a small timm classifier
+(the FID/KID feature extractor of the benchmark).
 Every stage resumes from its checkpoint; batches and noise are pure functions of (seed, step).
 """
 
@@ -22,6 +24,7 @@ from specmm.image_ar.continuous import (
     CSpDSampler,
     sample_ar,
 )
+from specmm.image_ar.continuous.distill import trajectory_kl_loss
 from specmm.image_ar.continuous.metrics import ImageFeatures, to_unit_range
 from specmm.zoo.class_images import CLASSES, class_dataset
 from specmm.zoo.lm_training import LMTrainConfig, train_causal_lm
@@ -43,6 +46,7 @@ RECIPES = {
                   "diffusion_steps": 2},
         "vae_train": _train(3, 4, 1e-3, 1, 2), "target_train": _train(3, 4, 1e-3, 1, 2),
         "draft_train": _train(3, 4, 1e-3, 1, 2), "classifier_train": _train(3, 8, 1e-3, 1, 2),
+        "distill_train": _train(2, 4, 1e-3, 1, 2),
         "classifier": "test_resnet", "eval_images": 4,
     },
     "cpu": {  # about 4 minutes on one idle CPU core: 16 px images -> 4x4 latent tokens of 4 channels
@@ -65,6 +69,7 @@ RECIPES = {
                   "diffusion_steps": 8},
         "vae_train": _train(8000, 64, 1e-3, 200, 500), "target_train": _train(20000, 128, 4e-4, 500, 1000),
         "draft_train": _train(20000, 128, 1e-3, 500, 1000), "classifier_train": _train(3000, 128, 1e-3, 100, 500),
+        "distill_train": _train(10000, 128, 5e-4, 200, 1000),
         "classifier": "resnet18", "eval_images": 256,
     },
 }
@@ -121,6 +126,14 @@ def ar_loss(head_repeats: int):
     return loss
 
 
+def distill_loss(target: ContinuousAR, head_repeats: int):
+    def loss(draft: ContinuousAR, batch: dict[str, Tensor]) -> Tensor:
+        latents = batch["latents"]
+        return trajectory_kl_loss(draft, target, latents, batch["labels"], _generator(batch, latents.device),
+                                  head_repeats)
+    return loss
+
+
 def classifier_loss(model: ImageFeatures, batch: dict[str, Tensor]) -> Tensor:
     return F.cross_entropy(model(batch["images"]), batch["labels"])
 
@@ -170,6 +183,10 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         config = _config(recipe[f"{role}_train"], seed + offset)
         losses = train_causal_lm(model, _batches(data, config), config, work / role, desc=f"cspd/{role}",
                                  progress=progress, loss_fn=ar_loss(recipe["head_repeats"]))
+        if role == "draft" and recipe.get("distill_train"):  # then match the target's denoising (trajectory KL)
+            config = _config(recipe["distill_train"], seed + 4)
+            losses = train_causal_lm(model, _batches(data, config), config, work / "distill", desc="cspd/distill",
+                                     progress=progress, loss_fn=distill_loss(models["target"], recipe["head_repeats"]))
         model.save_pretrained(dest / role)
         with torch.no_grad():
             gen = torch.Generator().manual_seed(seed)
