@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -36,7 +36,6 @@ class SampleStats:
     residual_proposals: int = 0  # candidates drawn by the residual sampler
     fallbacks: int = 0  # residual draws that hit max_proposals and fell back to a plain target sample
     wall_time_s: float = 0.0
-    accepted_per_row: list[int] = field(default_factory=list)
 
     @property
     def mean_accepted(self) -> float:
