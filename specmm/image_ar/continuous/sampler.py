@@ -163,6 +163,7 @@ class CSpDSampler:
         canvas = _ar_steps(target, canvas, labels, orders, 0, self.prefill_tokens, temperature, generator, stats)
         lengths = torch.full((rows,), self.prefill_tokens, device=param.device)  # committed tokens per row
         steps = torch.arange(n, device=param.device)
+        counts = torch.zeros(4, dtype=torch.long, device=param.device)  # row forwards, drafted, accepted, new tokens
         while True:
             longest = int(lengths.max())  # one host sync per round: the loop's exit and the forward widths
             if int(lengths.min()) >= n:
@@ -174,15 +175,12 @@ class CSpDSampler:
             verified = (lengths[:, None] + torch.arange(k + 1, device=param.device)).clamp(max=width - 1)  # [B, k+1]
             z_target = torch.gather(z_all, 1, verified[..., None].expand(-1, -1, z_all.shape[-1]))  # [B, k+1, H]
             stats.target_forwards += 1
-            stats.row_forwards += int(active.sum())
 
             log_ratio, aligned = self.rule.log_ratio(target.head, self.draft.head, drafts, z_target[:, :k], temperature)
             inside = lengths[:, None] + torch.arange(k, device=param.device) < n  # [B, k]
             uniform = torch.rand(log_ratio.shape, generator=generator, dtype=log_ratio.dtype, device=log_ratio.device)
             accepted = (uniform < acceptance_probability(log_ratio)) & inside
             n_accepted = accepted.long().cumprod(1).sum(1)  # [B]
-            stats.drafted += int(torch.minimum(n_accepted + 1, inside.sum(1)).sum())
-            stats.accepted += int(n_accepted.sum())
 
             needs_token = lengths + n_accepted < n  # a residual (rejected draft) or bonus (all accepted) token
             ctx = self.rule.context(_at(z_target, n_accepted), _at(drafts.features, n_accepted.clamp(max=k - 1)),
@@ -191,9 +189,13 @@ class CSpDSampler:
             position = (lengths + n_accepted).clamp(max=n - 1)
             canvas = _write(canvas, position, token, needs_token)
             new_lengths = torch.minimum(lengths + n_accepted + needs_token.long(), torch.full_like(lengths, n))
-            stats.new_tokens += int((new_lengths - lengths).sum())
+            counts += torch.stack([active.sum(), torch.minimum(n_accepted + 1, inside.sum(1)).sum(), n_accepted.sum(),
+                                   (new_lengths - lengths).sum()])  # stats stay on the device until the end
             canvas = torch.where((steps[None, :] < new_lengths[:, None])[..., None], canvas, 0.0)
             lengths = new_lengths
+        row_forwards, drafted, accepted, new_tokens = counts.tolist()
+        stats.row_forwards += row_forwards
+        stats.drafted, stats.accepted, stats.new_tokens = drafted, accepted, stats.new_tokens + new_tokens
         stats.wall_time_s = time.perf_counter() - started
         return SampleOutput(_to_grid(canvas, orders), stats)
 
