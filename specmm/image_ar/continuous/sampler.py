@@ -123,9 +123,11 @@ class CSpDSampler:
     `draft_tokens` per round, the target verifies them in one forward and each row keeps its accepted prefix
     plus one residual (or bonus) token.
 
-    `max_proposals` bounds the residual sampler per token; a row that exhausts it takes a fresh plain target
-    sample (never a zero token). That fallback moves at most TV·(1 - TV)^max_proposals <= 1/(e·(max_proposals+1))
-    probability mass per token (TV: the draft-target total variation); `stats.fallbacks` counts it.
+    The residual sampler draws `proposals_per_round` candidates per waiting row in its first round and doubles
+    that each round (a rejected row needs 1/TV proposals on average). `max_proposals` bounds it per token; a
+    row that exhausts it takes a fresh plain target sample (never a zero token). That fallback moves at most
+    TV·(1 - TV)^max_proposals <= 1/(e·(max_proposals+1)) probability mass per token (TV: the draft-target total
+    variation); `stats.fallbacks` counts it.
     """
 
     def __init__(self, target: ContinuousAR, draft: ContinuousAR, *, draft_tokens: int = 4, prefill_tokens: int = 0,
@@ -225,11 +227,11 @@ class CSpDSampler:
         if not rule.candidates_are_target_samples and bool((todo & bonus).any()):
             token = torch.where((todo & bonus)[:, None], self._target_sample(ctx, temperature, generator), token)
             todo &= ~bonus
-        proposals = 0
+        proposals, per_round = 0, self.proposals_per_round
         while proposals < self.max_proposals and bool(todo.any()):
             rows = todo.nonzero().squeeze(1)  # only rows still waiting draw candidates
             residual = ~bonus[rows]  # rows drawing from the residual (the rest take one plain target sample)
-            count = min(self.proposals_per_round if bool(residual.any()) else 1, self.max_proposals - proposals)
+            count = min(per_round if bool(residual.any()) else 1, self.max_proposals - proposals)
             candidates, log_target, log_draft = rule.propose(target, draft, ctx.rows(rows), count, temperature,
                                                              generator)  # [R, m, C], [R, m], [R, m]
             uniform = torch.rand(log_target.shape, generator=generator, dtype=log_target.dtype,
@@ -241,6 +243,7 @@ class CSpDSampler:
             token[rows] = torch.where(take[:, None], _at(candidates, ok.long().argmax(1)), token[rows])
             todo[rows] = ~take
             proposals += count
+            per_round = min(2 * per_round, 64)  # rows still waiting have a small residual mass: draw more at once
             stats.residual_proposals += count * int(residual.sum())
         if bool(todo.any()):
             stats.fallbacks += int(todo.sum())
