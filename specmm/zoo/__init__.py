@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, chainarith, code, imagegen, ssm_code
+from specmm.zoo import captioner, captioner_drafters, chainarith, code, cspd, imagegen, ssm_code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ register(ZooEntry("imagegen", "class-conditional LlamaGen (VQ + GPT) on 10 proce
                   "and timm classifier", imagegen.RECIPES, imagegen.build))
 register(ZooEntry("chainarith", "ChainArith reasoning: Llama target with a trained self-judge, weaker draft, "
                   "Arbitrage router", chainarith.RECIPES, chainarith.build))
+register(ZooEntry("cspd", "continuous-token AR target + smaller draft (per-token DDPM heads) on KL-VAE latents of the "
+                  "class images, + FID/KID classifier", cspd.RECIPES, cspd.build))
 
 
 def get(name: str) -> ZooEntry:

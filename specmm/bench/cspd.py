@@ -1,0 +1,134 @@
+"""`specmm bench cspd`: the zoo continuous-token AR target alone vs CSpD with the zoo draft, side by side.
+
+Every method generates the same class labels with a fixed seed (repeats re-time identical work). Quality is
+compared by distribution: FID and KID of each method's images against the target-only images, on the zoo
+classifier's features, next to the AR-vs-AR noise floor (the target alone with a second seed). Outputs are not
+expected to be identical (sampling); exactness in law is a test (tests/image_ar/continuous), not a benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.image_ar.continuous import CSpDSampler, SampleStats, sample_ar
+from specmm.image_ar.continuous.metrics import fid, kid
+from specmm.machine import machine_info
+from specmm.zoo import cspd as zoo_cspd
+from specmm.zoo.class_images import CLASSES, to_pil
+
+
+@dataclass
+class CSpDBenchSetup:
+    images: int = 200
+    batch_size: int = 50
+    draft_tokens: tuple[int, ...] = (4,)
+    rules: tuple[str, ...] = ("trajectory", "final-step")
+    prefill_tokens: int = 0
+    temperature: float = 1.0
+    repeats: int = 1
+    warmup: int = 0
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("images", "batch_size", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if self.images < 2:
+            raise ValueError(f"images: FID/KID need at least 2 images per method, got {self.images}")
+        if not self.draft_tokens or any(k < 1 for k in self.draft_tokens):
+            raise ValueError(f"draft_tokens: expected integers >= 1, got {self.draft_tokens}")
+
+
+def _generate(sample, labels: Tensor, batch_size: int, seed: int) -> tuple[Tensor, SampleStats]:
+    """Tokens [N, T, C] in batches, one generator for the whole run; stats summed over batches."""
+    gen = torch.Generator(device=labels.device).manual_seed(seed)
+    tokens, total = [], SampleStats()
+    for chunk in labels.split(batch_size):
+        out = sample(chunk, gen)
+        tokens.append(out.tokens)
+        for name in ("target_forwards", "draft_forwards", "new_tokens", "row_forwards", "drafted", "accepted",
+                     "residual_proposals", "fallbacks"):
+            setattr(total, name, getattr(total, name) + getattr(out.stats, name))
+    return torch.cat(tokens), total
+
+
+def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dict) -> list[Method]:
+    target, draft, temperature = models["target"], models["draft"], setup.temperature
+    tokens_per_image = target.config.num_tokens
+
+    def run(name: str, sample, seed: int, speculative: bool):
+        def method() -> RunResult:
+            tokens, stats = _generate(sample, labels, setup.batch_size, seed)
+            store[name] = (tokens, stats)
+            extra = {"accept rate": f"{stats.acceptance_rate:.2f}", "fallbacks": stats.fallbacks} if speculative else {}
+            return RunResult([[0] * tokens_per_image for _ in range(tokens.shape[0])],
+                             stats.mean_accepted if speculative else None, extra)
+        return method
+
+    methods = [Method("target-only AR", run("target-only AR", lambda c, g: sample_ar(
+        target, c, temperature=temperature, generator=g), setup.seed, False))]
+    methods.append(Method("target-only AR, 2nd seed (noise floor)", run("noise floor", lambda c, g: sample_ar(
+        target, c, temperature=temperature, generator=g), setup.seed + 1, False)))
+    for rule in setup.rules:
+        for k in setup.draft_tokens:
+            sampler = CSpDSampler(target, draft, draft_tokens=k, prefill_tokens=setup.prefill_tokens, rule=rule)
+            name = f"CSpD {rule} k={k}"
+            methods.append(Method(name, run(name, lambda c, g, s=sampler: s.sample(c, temperature=temperature,
+                                                                                     generator=g), setup.seed + 2, True)))
+    return methods
+
+
+def sample_grid(images: dict[str, Tensor], columns: int, path: Path, cell: int = 64) -> Path:
+    """One row of `columns` images per method (uint8 [N, 3, H, W]) -> a PNG."""
+    rows = list(images)
+    grid = Image.new("RGB", (columns * cell, len(rows) * cell), "white")
+    for r, name in enumerate(rows):
+        for c, picture in enumerate(to_pil(images[name][:columns])):
+            grid.paste(picture.resize((cell, cell), Image.NEAREST), (c * cell, r * cell))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return path
+
+
+@torch.no_grad()
+def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description: dict, grid_path: Path | None = None,
+               progress: bool = True) -> tuple[BenchReport, dict]:
+    """Run target-only AR, its noise floor and every CSpD variant; returns the report and each method's images."""
+    device = next(models["target"].parameters()).device
+    labels = (torch.arange(setup.images) % len(CLASSES)).to(device)
+    store: dict = {}
+    rows, _ = run_benchmark(cspd_methods(models, labels, setup, store), device, repeats=setup.repeats,
+                            warmup=setup.warmup, progress=progress)
+    images = {name: zoo_cspd.decode(models["vae"], tokens) for name, (tokens, _) in store.items()}
+    features = {name: models["classifier"].features(pictures) for name, pictures in images.items()}
+    reference = features["target-only AR"]
+    for row, name in zip(rows, store):
+        row.matched = None  # sampling: compared by distribution below, not token by token
+        accuracy = (models["classifier"].predict(images[name]) == labels.cpu()).float().mean()
+        row.extra = {**row.extra, "class acc": f"{accuracy:.2f}"}
+        if name != "target-only AR":
+            row.extra.update({"FID vs AR": f"{fid(features[name], reference):.2f}",
+                              "KID vs AR x1e3": f"{1e3 * kid(features[name], reference):.2f}"})
+    floor = next(r for r in rows if "noise floor" in r.method).extra
+    notes = [(f"Noise floor: FID {floor['FID vs AR']}, KID x1e3 {floor['KID vs AR x1e3']} between two target-only runs "
+             f"with different seeds, {setup.images} images each; a CSpD row is inside the noise floor when its "
+             "FID/KID vs AR are comparable to these."),
+             "tokens/s counts latent tokens (each drawn by a full denoising chain); the VAE decode is not timed.",
+             "outputs match: n/a, every method samples; lossless-ness is tested as equality in distribution."]
+    info = {"images": setup.images, "batch size": setup.batch_size, "temperature": setup.temperature,
+            "prefill tokens": setup.prefill_tokens, "classes": len(CLASSES),
+            "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
+    report = BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=notes,
+                         machine=machine_info(device))
+    if grid_path is not None:
+        sample_grid(images, len(CLASSES), grid_path)
+        report.notes.append(f"sample grid (one row per method, one image per class): {grid_path.name}")
+    return report, images

@@ -1,0 +1,108 @@
+"""Per-token heads of a continuous-token AR model: a short-schedule DDPM denoiser and a one-step Gaussian.
+
+Both are Markov chains of Gaussian transitions `x_{t-1} ~ N(mean(x_t, t, z), std(t, z)^2)`, t = T..1, started
+from `x_T ~ N(0, I)` and ending at the token `x_0`; `transition` exposes each step's Gaussian so samplers can
+share noise between models and compute exact trajectory densities (see `chain.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDPMScheduler
+from torch import Tensor, nn
+
+
+class AdaLNBlock(nn.Module):
+    """Residual MLP block whose LayerNorm shift/scale/gate come from the condition (MAR's SimpleMLPAdaLN block)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width, elementwise_affine=False)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.modulation = nn.Linear(width, 3 * width)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
+
+    def forward(self, h: Tensor, cond: Tensor) -> Tensor:
+        shift, scale, gate = self.modulation(F.silu(cond)).chunk(3, dim=-1)
+        return h + gate.add(1.0) * self.mlp(self.norm(h) * (1 + scale) + shift)
+
+
+class DenoiserMLP(nn.Module):
+    """out(x, t, z): an MLP over a token of width `token_dim`, conditioned on step `t` and the AR feature `z`."""
+
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, steps: int, out_dim: int):
+        super().__init__()
+        self.inp = nn.Linear(token_dim, width)
+        self.cond = nn.Linear(cond_dim, width)
+        self.step = nn.Embedding(steps + 1, width)
+        self.blocks = nn.ModuleList(AdaLNBlock(width) for _ in range(depth))
+        self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, out_dim))
+
+    def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:  # [M, C], [M], [M, H] -> [M, out]
+        cond = self.cond(z) + self.step(t)
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h, cond)
+        return self.out(h)
+
+
+class DDPMHead(nn.Module):
+    """DDPM over one token with a short cosine schedule (diffusers' `DDPMScheduler` betas) and ε-prediction.
+
+    Transition variances are the posterior variances β̃_t, with β̃_1 clipped to β̃_2 (improved-DDPM's choice,
+    since β̃_1 = 0), so every step, the last one included, is a proper Gaussian; with T = 1 the variance is β_1.
+    """
+
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, steps: int,
+                 beta_schedule: str = "squaredcos_cap_v2"):
+        super().__init__()
+        self.steps, self.token_dim = steps, token_dim
+        self.net = DenoiserMLP(token_dim, cond_dim, width, depth, steps, token_dim)
+        betas = DDPMScheduler(num_train_timesteps=steps, beta_schedule=beta_schedule).betas.double()  # [T]
+        alphas_cumprod = torch.cumprod(1 - betas, 0)
+        previous = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
+        variance = betas * (1 - previous) / (1 - alphas_cumprod)
+        variance = betas.clone() if steps == 1 else torch.cat([variance[1:2], variance[1:]])
+        for name, value in {"betas": betas, "alphas_cumprod": alphas_cumprod, "stds": variance.sqrt()}.items():
+            self.register_buffer(name, value, persistent=False)  # float64: cast per use
+
+    def transition(self, x_t: Tensor, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """Gaussian of x_{t-1} given x_t: (mean [M, C], std [M, 1])."""
+        i = t - 1
+        beta, alpha_bar = self.betas[i].to(x_t.dtype)[:, None], self.alphas_cumprod[i].to(x_t.dtype)[:, None]
+        eps = self.net(x_t, t, z)
+        mean = (x_t - beta / (1 - alpha_bar).sqrt() * eps) / (1 - beta).sqrt()
+        return mean, self.stds[i].to(x_t.dtype)[:, None]
+
+    def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """ε-prediction MSE at a uniformly drawn step per token (x0 [M, C], z [M, H])."""
+        t = torch.randint(1, self.steps + 1, (x0.shape[0],), generator=generator, device=x0.device)
+        noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        alpha_bar = self.alphas_cumprod[t - 1].to(x0.dtype)[:, None]
+        x_t = alpha_bar.sqrt() * x0 + (1 - alpha_bar).sqrt() * noise
+        return F.mse_loss(self.net(x_t, t, z), noise)
+
+
+class GaussianHead(nn.Module):
+    """One step: x_0 ~ N(mean(z), diag std(z)^2), ignoring x_1; its densities are exact, which tests rely on."""
+
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int):
+        super().__init__()
+        self.steps, self.token_dim = 1, token_dim
+        self.net = DenoiserMLP(token_dim, cond_dim, width, depth, 1, 2 * token_dim)
+
+    def transition(self, x_t: Tensor, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self.net(torch.zeros_like(x_t), t, z).chunk(2, dim=-1)
+        return mean, log_std.clamp(-7.0, 3.0).exp()
+
+    def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Gaussian negative log-likelihood per dimension."""
+        mean, std = self.transition(x0, torch.ones(x0.shape[0], dtype=torch.long, device=x0.device), z)
+        return (0.5 * ((x0 - mean) / std) ** 2 + std.log() + 0.5 * math.log(2 * math.pi)).mean()
+
+
+Head = DDPMHead | GaussianHead
