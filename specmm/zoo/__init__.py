@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, code
+from specmm.zoo import captioner, captioner_drafters, code, dlm_code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural
                   captioner.RECIPES, captioner.build))
 register(ZooEntry("captioner-drafters", "every VisionDrafter method (eagle, msd, vispec, dream, flash) trained "
                   "against the captioner", captioner_drafters.RECIPES, captioner_drafters.build))
+register(ZooEntry("dlm-code", "masked diffusion LM in LLaDA's layout on the code corpus (for specmm bench dlm)",
+                  dlm_code.RECIPES, dlm_code.build))
 
 
 def get(name: str) -> ZooEntry:
