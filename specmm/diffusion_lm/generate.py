@@ -14,7 +14,13 @@ import torch
 from torch import Tensor
 
 from specmm.diffusion_lm.adapters import as_diffusion_lm
-from specmm.diffusion_lm.parallel import decode_parallel, prophet_rule, stepwise_rule, threshold_rule, top_k_rule
+from specmm.diffusion_lm.parallel import (
+    decode_parallel,
+    prophet_rule,
+    stepwise_rule,
+    threshold_rule,
+    top_k_rule,
+)
 from specmm.diffusion_lm.runner import CACHE_MODES, DecodeStats, Runner
 from specmm.diffusion_lm.selection import CONFIDENCES
 from specmm.diffusion_lm.ssd import decode_ssd

@@ -220,6 +220,7 @@ class MaskedDiffusionLM(nn.Module):
             if return_cache else None
         return logits, new_cache
 
+    @torch.no_grad()
     def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """[B, L, V] logits of full states (the uncached decoding forward)."""
         return self(input_ids, attention_mask, _positions(attention_mask, input_ids))[0]
