@@ -1,4 +1,4 @@
-"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm`, `caption`, `train-drafter`."""
+"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|dlm`, `caption`, `train-drafter`."""
 
 from __future__ import annotations
 
@@ -64,6 +64,8 @@ def cmd_zoo(args) -> int:
 def cmd_bench(args) -> int:
     if args.bench_command == "vlm":
         return cmd_bench_vlm(args)
+    if args.bench_command == "dlm":
+        return cmd_bench_dlm(args)
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
@@ -121,6 +123,23 @@ def cmd_bench_vlm(args) -> int:
         print(f"\n{report.name}\n{report.table()}")
     json_path, md_path = write_reports(reports, args.out, args.name or f"vlm-captioner-{args.scale}-{device.type}")
     print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def cmd_bench_dlm(args) -> int:
+    from specmm.bench.dlm import DLMBenchSetup, bench_dlm_zoo
+
+    if set(args.caches) - {"none", "prefix"}:
+        raise ValueError(f"--caches: expected none and/or prefix, got {args.caches}")
+    setup = DLMBenchSetup(prompts=args.prompts, batch_size=args.batch_size, gen_length=args.gen_length,
+                          block_length=args.block_length, draft_size=args.draft_size, tree_width=args.tree_width,
+                          caches=tuple(None if c == "none" else c for c in args.caches), repeats=args.repeats)
+    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    reports, paths = bench_dlm_zoo(args.scale, setup, torch.device(args.device), args.dtype, command=command,
+                                   out=args.out, name=args.name)
+    for report in reports:
+        print(f"\n{report.name}\n{report.table()}")
+    print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 
 
@@ -280,6 +299,20 @@ def build_parser() -> argparse.ArgumentParser:
     vlm.add_argument("--dtype", type=_dtype, default=torch.float32)
     vlm.add_argument("--out", default="benchmarks")
     vlm.add_argument("--name", help="report file stem (default vlm-captioner-<scale>-<device>)")
+    dlm = bsub.add_parser("dlm", help="diffusion LM: stepwise vs SSD vs lossy parallel decoders (zoo dlm-code)")
+    dlm.add_argument("--scale", default="cpu")
+    dlm.add_argument("--prompts", type=_positive_int, default=16)
+    dlm.add_argument("--batch-size", type=_positive_int, default=4)
+    dlm.add_argument("--gen-length", type=_positive_int, default=64)
+    dlm.add_argument("--block-length", type=_positive_int, default=16)
+    dlm.add_argument("--draft-size", type=_positive_int, default=8)
+    dlm.add_argument("--tree-width", type=_positive_int, default=3)
+    dlm.add_argument("--caches", nargs="+", default=["none", "prefix"], help="none and/or prefix")
+    dlm.add_argument("--repeats", type=_positive_int, default=3)
+    dlm.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    dlm.add_argument("--dtype", type=_dtype, default=torch.float32)
+    dlm.add_argument("--out", default="benchmarks")
+    dlm.add_argument("--name", help="report file stem (default dlm-code-<scale>-<device>)")
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")
