@@ -35,7 +35,7 @@ def decode_ssd(runner: Runner, x: Tensor, draft_size: int, tree_width: int, conf
         n = rows.numel()
         gen = x[rows, p:]  # [n, G]
         conf, tokens = scores(logits, mask_id, confidence)
-        pos, tok, valid = rank(conf, tokens, gen == mask_id, bl, n_chain + n_leaf, runner.cache_mode is None)
+        pos, tok, valid = rank(conf, tokens, gen == mask_id, bl, n_chain + n_leaf + (n_leaf > 0), runner.cache_mode is None)
         # chain candidates [n, C, G]: candidate j commits items 0..j
         upto = chain[None, :, None] >= chain[None, None, :]  # [1, C, C]
         keep = upto & valid[:, None, :n_chain]  # [n, C, C]

@@ -32,19 +32,22 @@ MASK = "<|mdm_mask|>"
 RECIPES = {
     # seconds: for tests of the recipe machinery
     "tiny": {"code_scale": "tiny", "max_sequence_length": 256,
-                 "model": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "n_layers": 2, "mlp_hidden_size": 64},
-                 "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "checkpoint_every": 3, "warmup_steps": 2},
-                 "eval": {"windows": 4, "seq_len": 32, "prompts": 4, "prompt_tokens": 16, "continuation_tokens": 16}},
+             "model": {"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "n_layers": 2, "mlp_hidden_size": 64},
+             "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "checkpoint_every": 3, "warmup_steps": 2},
+             "eval": {"windows": 4, "seq_len": 32, "prompts": 4, "prompt_tokens": 16, "continuation_tokens": 16}},
     # <= 6 minutes on 2 idle CPU cores
     "cpu": {"code_scale": "cpu", "max_sequence_length": 512,
-                "model": {"d_model": 192, "n_heads": 6, "n_kv_heads": 3, "n_layers": 4, "mlp_hidden_size": 512},
-                "train": {"steps": 320, "batch_size": 16, "seq_len": 96, "lr": 3e-3, "warmup_steps": 20, "checkpoint_every": 20},
-                "eval": {"windows": 32, "seq_len": 96, "prompts": 32, "prompt_tokens": 32, "continuation_tokens": 64}},
+            "model": {"d_model": 192, "n_heads": 6, "n_kv_heads": 3, "n_layers": 4, "mlp_hidden_size": 512},
+            "train": {"steps": 320, "batch_size": 16, "seq_len": 96, "lr": 3e-3, "warmup_steps": 20,
+                      "checkpoint_every": 20},
+            "eval": {"windows": 32, "seq_len": 96, "prompts": 32, "prompt_tokens": 32, "continuation_tokens": 64}},
     # for the GPU benchmarks
     "gpu": {"code_scale": "gpu", "max_sequence_length": 2048,
-                "model": {"d_model": 1024, "n_heads": 16, "n_kv_heads": 8, "n_layers": 16, "mlp_hidden_size": 2816},
-                "train": {"steps": 8000, "batch_size": 32, "seq_len": 512, "lr": 1e-3, "warmup_steps": 200, "checkpoint_every": 250},
-                "eval": {"windows": 256, "seq_len": 512, "prompts": 128, "prompt_tokens": 128, "continuation_tokens": 256}},
+            "model": {"d_model": 1024, "n_heads": 16, "n_kv_heads": 8, "n_layers": 16, "mlp_hidden_size": 2816},
+            "train": {"steps": 8000, "batch_size": 32, "seq_len": 512, "lr": 1e-3, "warmup_steps": 200,
+                      "checkpoint_every": 250},
+            "eval": {"windows": 256, "seq_len": 512, "prompts": 128, "prompt_tokens": 128,
+                     "continuation_tokens": 256}},
 }
 
 
