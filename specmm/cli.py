@@ -133,7 +133,8 @@ def cmd_bench_dlm(args) -> int:
         raise ValueError(f"--caches: expected none and/or prefix, got {args.caches}")
     setup = DLMBenchSetup(prompts=args.prompts, batch_size=args.batch_size, gen_length=args.gen_length,
                           block_length=args.block_length, draft_size=args.draft_size, tree_width=args.tree_width,
-                          caches=tuple(None if c == "none" else c for c in args.caches), repeats=args.repeats)
+                          caches=tuple(None if c == "none" else c for c in args.caches), repeats=args.repeats,
+                          warmup=args.warmup)
     command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     reports, paths = bench_dlm_zoo(args.scale, setup, torch.device(args.device), args.dtype, command=command,
                                    out=args.out, name=args.name)
@@ -309,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlm.add_argument("--tree-width", type=_positive_int, default=3)
     dlm.add_argument("--caches", nargs="+", default=["none", "prefix"], help="none and/or prefix")
     dlm.add_argument("--repeats", type=_positive_int, default=3)
+    dlm.add_argument("--warmup", type=int, default=1)
     dlm.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     dlm.add_argument("--dtype", type=_dtype, default=torch.float32)
     dlm.add_argument("--out", default="benchmarks")

@@ -38,8 +38,8 @@ RECIPES = {
     # <= 6 minutes on 2 idle CPU cores
     "cpu": {"code_scale": "cpu", "max_sequence_length": 512,
             "model": {"d_model": 192, "n_heads": 6, "n_kv_heads": 3, "n_layers": 4, "mlp_hidden_size": 512},
-            "train": {"steps": 320, "batch_size": 16, "seq_len": 96, "lr": 3e-3, "warmup_steps": 20,
-                      "checkpoint_every": 20},
+            "train": {"steps": 700, "batch_size": 16, "seq_len": 96, "lr": 3e-3, "warmup_steps": 20,
+                      "checkpoint_every": 25},
             "eval": {"windows": 32, "seq_len": 96, "prompts": 32, "prompt_tokens": 32, "continuation_tokens": 64}},
     # for the GPU benchmarks
     "gpu": {"code_scale": "gpu", "max_sequence_length": 2048,
