@@ -161,9 +161,6 @@ class MaskedDiffusionLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = _Inner(config)
-        head_dim = config.d_model // config.n_heads
-        self.register_buffer("inv_freq", 1.0 / config.rope_theta ** (torch.arange(0, head_dim, 2).double() / head_dim),
-                             persistent=False)
 
     @property
     def mask_id(self) -> int | None:
@@ -183,7 +180,10 @@ class MaskedDiffusionLM(nn.Module):
         return self
 
     def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = position_ids.double()[..., None] * self.inv_freq  # [B, T, D/2]
+        head_dim = self.config.d_model // self.config.n_heads  # float64 angles whatever the model dtype
+        inv_freq = self.config.rope_theta ** -(torch.arange(0, head_dim, 2, device=position_ids.device,
+                                                            dtype=torch.float64) / head_dim)
+        freqs = position_ids.double()[..., None] * inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -246,7 +246,6 @@ class MaskedDiffusionLM(nn.Module):
         model = cls(config)
         state = _read_state_dict(folder)
         missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [m for m in missing if not m.endswith("inv_freq")]
         if missing or unexpected:
             raise ValueError(f"folder: {folder} is not in LLaDA's layout; missing {missing[:4]}, "
                              f"unexpected {unexpected[:4]}")
