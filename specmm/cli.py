@@ -1,4 +1,5 @@
-"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm`, `caption`, `train-drafter`."""
+"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning`, `caption`,
+`train-drafter`, `sample-images`, `reason`."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def cmd_zoo(args) -> int:
                     built.append(scale)
                 except FileNotFoundError:
                     pass
-            print(f"{entry.name:<12} scales: {', '.join(entry.recipes):<16} built: {', '.join(built) or '-':<10} "
+            print(f"{entry.name:<19} scales: {', '.join(entry.recipes):<16} built: {', '.join(built) or '-':<10} "
                   f"{entry.description}")
     elif args.zoo_command == "build":
         path = zoo.build(args.name, args.scale, seed=args.seed, force=args.force)
@@ -72,6 +73,8 @@ def cmd_bench(args) -> int:
         return bench_image_ar(args)
     if args.bench_command == "cspd":
         return cmd_bench_cspd(args)
+    if args.bench_command == "dlm":
+        return cmd_bench_dlm(args)
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
@@ -160,6 +163,21 @@ def cmd_bench_cspd(args) -> int:
         print("note:", note)
     json_path, md_path = report.write(args.out, name)
     print(f"wrote {json_path} and {md_path}")
+def cmd_bench_dlm(args) -> int:
+    from specmm.bench.dlm import DLMBenchSetup, bench_dlm_zoo
+
+    if set(args.caches) - {"none", "prefix"}:
+        raise ValueError(f"--caches: expected none and/or prefix, got {args.caches}")
+    setup = DLMBenchSetup(prompts=args.prompts, batch_size=args.batch_size, gen_length=args.gen_length,
+                          block_length=args.block_length, draft_size=args.draft_size, tree_width=args.tree_width,
+                          caches=tuple(None if c == "none" else c for c in args.caches), repeats=args.repeats,
+                          warmup=args.warmup)
+    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    reports, paths = bench_dlm_zoo(args.scale, setup, torch.device(args.device), args.dtype, command=command,
+                                   out=args.out, name=args.name)
+    for report in reports:
+        print(f"\n{report.name}\n{report.table()}")
+    print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 
 
@@ -336,6 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     cs.add_argument("--out", default="benchmarks")
     cs.add_argument("--name", help="report file stem (default cspd-<scale>-<device>)")
+    dlm = bsub.add_parser("dlm", help="diffusion LM: stepwise vs SSD vs lossy parallel decoders (zoo dlm-code)")
+    dlm.add_argument("--scale", default="cpu")
+    dlm.add_argument("--prompts", type=_positive_int, default=16)
+    dlm.add_argument("--batch-size", type=_positive_int, default=4)
+    dlm.add_argument("--gen-length", type=_positive_int, default=64)
+    dlm.add_argument("--block-length", type=_positive_int, default=16)
+    dlm.add_argument("--draft-size", type=_positive_int, default=8)
+    dlm.add_argument("--tree-width", type=_positive_int, default=3)
+    dlm.add_argument("--caches", nargs="+", default=["none", "prefix"], help="none and/or prefix")
+    dlm.add_argument("--repeats", type=_positive_int, default=3)
+    dlm.add_argument("--warmup", type=int, default=1)
+    dlm.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    dlm.add_argument("--dtype", type=_dtype, default=torch.float32)
+    dlm.add_argument("--out", default="benchmarks")
+    dlm.add_argument("--name", help="report file stem (default dlm-code-<scale>-<device>)")
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")

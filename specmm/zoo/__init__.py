@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, chainarith, code, cspd, imagegen, ssm_code
+from specmm.zoo import captioner, captioner_drafters, chainarith, code, cspd, dlm_code, imagegen, ssm_code
 from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ register(ZooEntry("chainarith", "ChainArith reasoning: Llama target with a train
                   "Arbitrage router", chainarith.RECIPES, chainarith.build))
 register(ZooEntry("cspd", "continuous-token AR target + smaller draft (per-token DDPM heads) on KL-VAE latents of the "
                   "class images, + FID/KID classifier", cspd.RECIPES, cspd.build))
+register(ZooEntry("dlm-code", "masked diffusion LM in LLaDA's layout on the code corpus (for specmm bench dlm)",
+                  dlm_code.RECIPES, dlm_code.build))
 
 
 def get(name: str) -> ZooEntry:

@@ -1,0 +1,112 @@
+"""The forward side of diffusion decoding: full and prefix-cached logits of the generated region, counted.
+
+Cache mode "prefix" (Fast-dLLM): when a row enters a block, one full forward refreshes that row's K/V of
+everything before the block; later forwards in the block run only the window from the block start and
+read the prefix K/V. The cache is replaced, never written in place, so candidate batches can share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specmm.diffusion_lm.model import PrefixCache, _positions
+from specmm.diffusion_lm.selection import blocks
+
+CACHE_MODES = (None, "prefix")
+
+
+@dataclass
+class DecodeStats:
+    """Counters: a forward is one batched model call; rows are the sequences it processed."""
+
+    forwards: int = 0
+    full_forwards: int = 0  # uncached forwards (cache refreshes when a cache is on)
+    forward_rows: int = 0  # sequences processed over all forwards (candidate states included)
+    new_tokens: int = 0
+    forwards_per_row: list[int] = field(default_factory=list)  # forwards each input row took part in
+    accepted_histogram: list[int] = field(default_factory=list)  # [n]: row-iterations that committed n tokens
+    wall_time_s: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens committed per forward and row (1.0 for stepwise decoding)."""
+        return self.new_tokens / max(sum(self.forwards_per_row), 1)
+
+    def committed(self, counts: Tensor) -> None:
+        for c in counts.tolist():
+            while len(self.accepted_histogram) <= c:
+                self.accepted_histogram.append(0)
+            self.accepted_histogram[c] += 1
+
+
+class Runner:
+    """Logits [n, G, V] of the generated region for states of given input rows, with counting and caching."""
+
+    def __init__(self, model, input_ids: Tensor, attention_mask: Tensor | None, gen_length: int, block_length: int,
+                 cache: str | None):
+        self.model, self.cache_mode, self.block_length = model, cache, block_length
+        b, self.prompt_len = input_ids.shape
+        pad = torch.ones(b, gen_length, dtype=torch.long, device=input_ids.device)
+        self.attention_mask = None if attention_mask is None else torch.cat((attention_mask.long(), pad), dim=1)
+        self.positions = _positions(self.attention_mask, torch.cat((input_ids, pad), dim=1))  # [B, L]
+        self.cache: PrefixCache | None = None
+        self.stats = DecodeStats(forwards_per_row=[0] * b)
+
+    def _count(self, rows: Tensor, full: bool) -> None:
+        self.stats.forwards += 1
+        self.stats.full_forwards += int(full)
+        self.stats.forward_rows += rows.numel()
+        for r in rows.unique().tolist():
+            self.stats.forwards_per_row[r] += 1
+
+    def _mask(self, rows: Tensor) -> Tensor | None:
+        return None if self.attention_mask is None else self.attention_mask[rows]
+
+    def block_start(self, x: Tensor) -> Tensor:
+        """[n] sequence position where each state's current block starts (past the end when complete)."""
+        masked = x[:, self.prompt_len:] == self.model.mask_id
+        return self.prompt_len + blocks(masked, self.block_length)[1] * self.block_length
+
+    def full(self, x: Tensor, rows: Tensor) -> Tensor:
+        """Uncached forward of states x [n, L] of input rows `rows` [n]; refreshes their prefix cache."""
+        self._count(rows, True)
+        p = self.prompt_len
+        if not getattr(self.model, "supports_cache", False):
+            return self.model.logits(x, self._mask(rows))[:, p:]
+        logits, cache = self.model(x, self._mask(rows), self.positions[rows], logits_from=p,
+                                   return_cache=self.cache_mode == "prefix")
+        if cache is not None:
+            cache.lengths = self.block_start(x)
+            self.cache = cache if self.cache is None else self.cache.replace(rows, cache)
+        return logits
+
+    def cached(self, x: Tensor, rows: Tensor) -> Tensor:
+        """Forward of states x [n, L] reading each row's prefix cache: only positions from the block start run."""
+        self._count(rows, False)
+        cache = self.cache.select(rows)
+        start = int(cache.lengths.min())
+        logits, _ = self.model(x[:, start:], self._mask(rows), self.positions[rows, start:], cache=cache,
+                               start=start, logits_from=start)
+        skipped = logits.new_zeros(logits.shape[0], start - self.prompt_len, logits.shape[-1])  # finished blocks
+        return torch.cat((skipped, logits), dim=1)  # [n, G, V]
+
+    def logits(self, x: Tensor, rows: Tensor) -> Tensor:
+        """The reference forward of a state: cached inside a block, full (refresh) when a block starts."""
+        if self.cache_mode is None or self.cache is None:
+            return self.full(x, rows)
+        fresh = self.block_start(x) != self.cache.lengths[rows]
+        if bool(fresh.all()):
+            return self.full(x, rows)
+        if not bool(fresh.any()):
+            return self.cached(x, rows)
+        parts = {}
+        for flag, fn in ((True, self.full), (False, self.cached)):
+            idx = (fresh == flag).nonzero()[:, 0]
+            parts[flag] = (idx, fn(x[idx], rows[idx]))
+        out = parts[True][1].new_empty(x.shape[0], *parts[True][1].shape[1:])
+        for idx, value in parts.values():
+            out[idx] = value
+        return out
