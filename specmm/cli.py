@@ -163,6 +163,9 @@ def cmd_bench_cspd(args) -> int:
         print("note:", note)
     json_path, md_path = report.write(args.out, name)
     print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
 def cmd_bench_dlm(args) -> int:
     from specmm.bench.dlm import DLMBenchSetup, bench_dlm_zoo
 
