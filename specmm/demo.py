@@ -104,9 +104,50 @@ def run_code(scale: str, device: str, batch: int = 4, max_new_tokens: int = 96) 
     return report, body
 
 
+def run_ssm(scale: str, device: str) -> tuple[BenchReport, str]:
+    """Mamba2/attention hybrid (zoo ssm-code, Bamba) drafted by the code draft: AR vs chain SD vs STree."""
+    import specmm
+    from specmm.bench.ssm import DEVICE_DEFAULTS, SSMBenchSetup, bench_ssm
+    from specmm.zoo import code, ssm_code
+
+    print("specmm demo: the zoo Mamba2/attention hybrid (Bamba) on held-out Python snippets, greedy")
+    torch_device = torch.device(device)
+    shapes = DEVICE_DEFAULTS["cpu" if torch_device.type == "cpu" else "cuda"]
+    record = zoo.record("ssm-code", scale)
+    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=torch_device).draft
+    target, tokenizer, prompts = ssm_code.load(zoo.path("ssm-code", scale), "hybrid", device=torch_device)
+    batch = tokenizer(prompts[:4], return_tensors="pt", padding=True).to(torch_device)
+    setup = SSMBenchSetup(max_new_tokens=48, k=shapes["k"], static=specmm.TreeSpec.static(shapes["static"]),
+                          dynamic=specmm.TreeSpec.dynamic(depth=shapes["depth"], top_k=shapes["top_k"],
+                                                          total_tokens=shapes["total_tokens"]),
+                          pad_token_id=tokenizer.pad_token_id, repeats=1)
+    report, _ = bench_ssm(target, draft, batch["input_ids"], batch["attention_mask"], setup,
+                          name="SSM hybrid (STree)", command=f"specmm demo --scale {scale}",
+                          models={"target": f"zoo ssm-code-{scale}/hybrid"}, notes=[], progress=False)
+    return report, table_html(report)
+
+
+def run_dlm(scale: str, device: str) -> tuple[BenchReport, str]:
+    """Diffusion LM (zoo dlm-code): stepwise unmasking vs self-speculative decoding (SSD) and lossy baselines."""
+    from specmm.bench.dlm import DLMBenchSetup, bench_dlm
+    from specmm.zoo import dlm_code
+
+    print("specmm demo: the zoo diffusion LM (LLaDA layout) completing held-out Python, stepwise vs SSD")
+    entry = dlm_code.load(zoo.path("dlm-code", scale), device=torch.device(device), dtype=torch.float32)
+    setup = DLMBenchSetup(prompts=4, batch_size=4, gen_length=32, block_length=16, caches=(None,), repeats=1,
+                          warmup=0)
+    prompts = torch.tensor(entry.prompt_ids[:4], device=device)
+    continuations = torch.tensor(entry.continuation_ids[:4], device=device)
+    reports, _ = bench_dlm(entry.model, prompts, continuations, setup, command=f"specmm demo --scale {scale}",
+                           description={"model": f"zoo dlm-code-{scale}"}, progress=False)
+    return reports[0], "".join(table_html(r) for r in reports)
+
+
 HEADLINE = DemoSection("Captioning", ("captioner", "captioner-vispec"), run_captioning, 16)
 SECTIONS: list[DemoSection] = [
     DemoSection("Code completion", ("code",), run_code, 10),
+    DemoSection("SSM hybrid (STree)", ("code", "ssm-code"), run_ssm, 4),
+    DemoSection("Diffusion LM (SSD)", ("code", "dlm-code"), run_dlm, 5),
 ]
 
 
