@@ -103,7 +103,7 @@ class RowCache:
         """Keep only `rows` of the batch (between rounds)."""
         self.cache.batch_select_indices(rows)
         for layer in self.cache.layers:  # HF skips empty layers, which would keep the old batch size
-            if getattr(layer, "keys", None) is not None and layer.keys.shape[0] != rows.numel():
+            if getattr(layer, "keys", None) is not None and layer.keys.shape[-2] == 0:
                 layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         self.lengths = self.lengths[rows]
         self._truncate(int(self.lengths.max()) if rows.numel() else 0)

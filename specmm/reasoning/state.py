@@ -119,12 +119,7 @@ class ModelState:
         return self.pending.gather(1, (self.pending_count - 1).clamp_min(0)[:, None])
 
     def select_rows(self, rows: Tensor) -> None:
-        cache = self.runner.cache
-        if cache.physical_length == 0:  # HF (and RowCache) skip empty caches, whose layers still have B rows
-            for layer in cache.cache.layers:
-                if getattr(layer, "keys", None) is not None:
-                    layer.keys, layer.values = layer.keys[rows], layer.values[rows]
-        cache.select_rows(rows)
+        self.runner.cache.select_rows(rows)
         self.pending, self.pending_count = self.pending[rows], self.pending_count[rows]
         self.round_valid = self.round_valid[rows]
 
