@@ -62,7 +62,8 @@ def bench_image_ar(args) -> int:
     labels = torch.tensor(classes)
     sampling = {"cfg_scale": args.cfg_scale, "temperature": 1.0, "top_k": args.top_k, "top_p": 1.0}
     knobs = {"window": args.window, "delta": args.delta, "lam": args.lam, "lantern_k": args.lantern_k,
-             "lantern_pp_k": args.lantern_pp_k, "gsd_window": args.gsd_window}
+             "lantern_pp_k": args.lantern_pp_k, "gsd_window": args.gsd_window,
+             "gsd_p_gap": args.gsd_gap, "gsd_quantile": args.gsd_quantile}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
@@ -153,6 +154,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--lantern-k", type=int, default=32)
     p.add_argument("--lantern-pp-k", type=int, default=10)
     p.add_argument("--gsd-window", type=int, default=14)
+    p.add_argument("--gsd-gap", type=float, default=0.15, help="GSD: max |p(y) - p(x)| inside a group")
+    p.add_argument("--gsd-quantile", type=float, default=0.05,
+                   help="GSD: embedding-distance bound = this quantile of codebook pair distances")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="benchmarks")

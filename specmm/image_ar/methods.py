@@ -16,6 +16,7 @@ NEEDS_DRAFTER = ("lantern", "lantern++")
 def make_sampler(lg: LlamaGen, method: str, drafter: ImageDrafter | None = None, *, window: int = 16,
                  init: str = "random", tree: TreeSpec | None = None, lantern_k: int = 1000, delta: float = 0.1,
                  lam: float = 5.0, lantern_pp_k: int = 10, gsd_window: int = 14, gsd_p_gap: float = 0.15,
+                 gsd_quantile: float = 0.05,
                  cfg_interval: int = -1) -> ImageSampler:
     """exact uses the drafter when given (else Jacobi); sjd and gsd use Jacobi; lantern(++) need a drafter."""
     if method not in METHODS:
@@ -31,7 +32,8 @@ def make_sampler(lg: LlamaGen, method: str, drafter: ImageDrafter | None = None,
     if method == "sjd":
         return ImageSampler(lg, proposer="jacobi", acceptance=SJD(), **common)
     if method == "gsd":
-        return ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=gsd_window, p_gap=gsd_p_gap), **common)
+        return ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=gsd_window, p_gap=gsd_p_gap,
+                                                                                quantile=gsd_quantile), **common)
     if method == "lantern":
         return ImageSampler(lg, proposer=drafter, acceptance=Lantern(k=min(lantern_k, codes - 1), delta=delta),
                             tree=tree, **common)

@@ -59,6 +59,8 @@ def test_knobs_and_proposers(lg):
         LanternPP(k=5, lam=0.5)
     with pytest.raises(ValueError, match="window"):
         GSD(window=0)
+    with pytest.raises(ValueError, match="quantile"):
+        GSD(quantile=0.0)
     with pytest.raises(ValueError, match="init"):
         ImageSampler(lg, proposer="jacobi", init="diagonal")
     with pytest.raises(ValueError, match="proposer"):

@@ -19,18 +19,21 @@ class GSD(ExactRule):
     name = "gsd"
 
     def __init__(self, window: int = 14, p_gap: float = 0.15, d_max: float | None = None,
-                 embeddings: Tensor | None = None):
+                 embeddings: Tensor | None = None, quantile: float = 0.05):
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window: expected an integer >= 1 (1 = singleton groups, exact), got {window!r}")
         if not p_gap >= 0:
             raise ValueError(f"p_gap: expected >= 0, got {p_gap!r}")
+        if not 0 < quantile <= 1:
+            raise ValueError(f"quantile: expected in (0, 1], got {quantile!r}")
         self.window, self.p_gap, self.d_max, self.embeddings = window, float(p_gap), d_max, embeddings
+        self.quantile = quantile
 
-    def bind(self, codebook: Tensor, quantile: float = 0.05) -> GSD:
+    def bind(self, codebook: Tensor, quantile: float | None = None) -> GSD:
         """Use the L2-normalised codebook as the token embedding; set d_max to a quantile of pair distances."""
         self.embeddings = F.normalize(codebook.float(), dim=-1)
         if self.d_max is None:
-            self.d_max = calibrate_distance(self.embeddings, quantile)
+            self.d_max = calibrate_distance(self.embeddings, quantile or self.quantile)
         return self
 
     def group(self, target_probs: Tensor, tokens: Tensor) -> Tensor:

@@ -104,3 +104,9 @@ def test_gsd_calibrated_distance_filters_group():
     draft = torch.tensor([3])
     group = rule.group(p[None], draft)[0]
     assert group.sum() == 1 and group[3]
+
+
+def test_gsd_distance_bound_grows_with_its_calibration_quantile():
+    codebook = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    tight, loose = GSD(quantile=0.05).bind(codebook), GSD(quantile=0.5).bind(codebook)
+    assert 0 < tight.d_max < loose.d_max
