@@ -153,6 +153,18 @@ def heldout_prompts(tokenizer, heldout: torch.Tensor, count: int, length: int) -
     return torch.stack([heldout[s: s + length] for s in starts]).long()
 
 
+def corpus_tokens(tokenizer: PreTrainedTokenizerFast, recipe: dict, work: Path,
+                  texts: tuple[list[str], list[str]] | None = None) -> dict[str, torch.Tensor]:
+    """{"train", "heldout"} token streams of the corpus of a `code` recipe, cached in work/tokens.pt for resumes."""
+    cache = work / "tokens.pt"
+    if cache.is_file():
+        return torch.load(cache, weights_only=True)
+    train_texts, heldout_texts = texts or read_corpus(recipe["include_tests"], recipe["max_files"])
+    tokens = {"train": encode(tokenizer, train_texts), "heldout": encode(tokenizer, heldout_texts)}
+    torch.save(tokens, cache)
+    return tokens
+
+
 def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     """Build the entry into `dest` (checkpoints in dest/work); returns the zoo.json record."""
     work = dest / "work"
@@ -161,11 +173,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     if not (work / "tokenizer" / "tokenizer.json").is_file():
         train_tokenizer(train_texts, recipe["vocab_size"], recipe["tokenizer_chars"]).save_pretrained(work / "tokenizer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")  # fresh or resumed: the same object
-    if (work / "tokens.pt").is_file():
-        tokens = torch.load(work / "tokens.pt", weights_only=True)
-    else:
-        tokens = {"train": encode(tokenizer, train_texts), "heldout": encode(tokenizer, heldout_texts)}
-        torch.save(tokens, work / "tokens.pt")
+    tokens = corpus_tokens(tokenizer, recipe, work, (train_texts, heldout_texts))
 
     ev = recipe["eval"]
     record = {"corpus": {"train_files": len(train_texts), "heldout_files": len(heldout_texts),

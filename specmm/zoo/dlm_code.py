@@ -66,12 +66,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_with_mask(recipe["code_scale"], progress)
     code_recipe = code.RECIPES[recipe["code_scale"]]
-    if (work / "tokens.pt").is_file():
-        tokens = torch.load(work / "tokens.pt", weights_only=True)
-    else:
-        train_texts, heldout_texts = code.read_corpus(code_recipe["include_tests"], code_recipe["max_files"])
-        tokens = {"train": code.encode(tokenizer, train_texts), "heldout": code.encode(tokenizer, heldout_texts)}
-        torch.save(tokens, work / "tokens.pt")
+    tokens = code.corpus_tokens(tokenizer, code_recipe, work)
     config = LLaDAConfig(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          max_sequence_length=recipe["max_sequence_length"], rope_theta=10000.0, **recipe["model"])

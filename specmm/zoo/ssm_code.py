@@ -94,12 +94,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     work = dest / "work"
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(code_dir / "target")
-    if (work / "tokens.pt").is_file():
-        tokens = torch.load(work / "tokens.pt", weights_only=True)
-    else:
-        train_texts, heldout_texts = code.read_corpus(code_recipe["include_tests"], code_recipe["max_files"])
-        tokens = {"train": code.encode(tokenizer, train_texts), "heldout": code.encode(tokenizer, heldout_texts)}
-        torch.save(tokens, work / "tokens.pt")
+    tokens = code.corpus_tokens(tokenizer, code_recipe, work)
     draft = AutoModelForCausalLM.from_pretrained(code_dir / "draft", attn_implementation="sdpa").eval()
     ev = recipe["eval"]
     prompts = code.heldout_prompts(tokenizer, tokens["heldout"], ev["prompts"], ev["prompt_tokens"])
