@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -70,6 +71,18 @@ def left_padded_batch(lengths, vocab: int = VOCAB, seed: int = 0):
         ids[row, width - n:] = torch.randint(1, vocab, (n,), generator=gen)
         mask[row, width - n:] = 1
     return ids, mask
+
+
+@contextmanager
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a 2-core machine shared with other jobs the threads
+    spin-wait on each other (up to ~1000x slower on tiny convolutions); the previous setting is restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture

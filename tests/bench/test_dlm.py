@@ -9,15 +9,13 @@ import torch
 
 from specmm.bench.dlm import DLMBenchSetup, bench_dlm_zoo
 from specmm.cli import main
+from tests.conftest import one_torch_thread
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 def test_bench_dlm_reports_ssd_identical_to_stepwise(tmp_path, monkeypatch):

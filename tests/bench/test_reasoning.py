@@ -10,15 +10,14 @@ import torch
 from specmm import zoo
 from specmm.bench.reasoning import ReasoningBenchSetup, bench_reasoning, write
 from specmm.zoo import chainarith
+from tests.conftest import one_torch_thread
 
 
 @pytest.fixture
 def tiny_models(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield chainarith.load(zoo.build("chainarith", "tiny", progress=False))
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield chainarith.load(zoo.build("chainarith", "tiny", progress=False))
 
 
 def test_bench_reports_every_method_and_token_sd_reproduces_target_only(tiny_models, tmp_path):

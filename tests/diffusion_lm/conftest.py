@@ -7,17 +7,15 @@ import torch
 from torch import Tensor
 
 from specmm.diffusion_lm import LLaDAConfig, MaskedDiffusionLM
+from tests.conftest import one_torch_thread
 
 VOCAB, MASK = 40, 39
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 def tiny_dlm(seed: int = 0, std: float = 0.5, **overrides) -> MaskedDiffusionLM:

@@ -15,6 +15,8 @@ from transformers import (
     Zamba2ForCausalLM,
 )
 
+from tests.conftest import one_torch_thread
+
 VOCAB = 64
 CHUNK = 8  # scan chunk size: trees and prompts go deeper than this
 KERNEL = 4
@@ -53,10 +55,8 @@ ARCHS = ("mamba2", "bamba", "nemotron_h", "zamba2")
 @pytest.fixture(autouse=True, scope="module")
 def one_cpu_thread():
     """Tiny float64 convolutions are ~1000x slower with contended OpenMP threads; run this package single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def tiny_ssm(arch: str, seed: int = 0, vocab: int = VOCAB, dtype=torch.float64, logit_scale: float = 1.0,

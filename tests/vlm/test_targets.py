@@ -29,7 +29,7 @@ import specmm.vlm
 from specmm.core.target import FEATURES, INPUTS_EMBEDS, as_target
 from specmm.drafters import EagleDrafter, ModelDrafter
 from specmm.vlm import LlavaTarget, Qwen2_5_VLTarget
-from tests.conftest import report_acceptance
+from tests.conftest import one_torch_thread, report_acceptance
 
 VOCAB, PAD, IMAGE = 96, 0, 95
 MAX_NEW = 16
@@ -44,10 +44,8 @@ PROMPTS = [(3, 4), (1, 7), (6, 2)]  # text tokens before / after each row's imag
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on a 2-core machine shared with other jobs the
     threads spin-wait on each other (50x slower); the previous setting is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def _finish(model: nn.Module, seed: int) -> nn.Module:

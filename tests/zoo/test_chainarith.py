@@ -20,15 +20,14 @@ from specmm.zoo.chainarith_task import (
     parse_prompt,
     sample_problem,
 )
+from tests.conftest import one_torch_thread
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tmp_path / "home"
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield tmp_path / "home"
 
 
 def test_checker_accepts_every_valid_step_and_rejects_every_corruption():

@@ -10,15 +10,13 @@ import torch
 from specmm import zoo
 from specmm.diffusion_lm import generate
 from specmm.zoo import dlm_code, store
+from tests.conftest import one_torch_thread
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 def test_tiny_build_is_deterministic_loads_and_ssd_matches_stepwise(tmp_path, monkeypatch):

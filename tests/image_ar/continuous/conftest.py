@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from specmm.image_ar.continuous import ContinuousAR, ContinuousARConfig
@@ -23,14 +21,3 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -
         for block in model.head.net.blocks:
             block.modulation.weight.normal_(0.0, 0.3)
     return model.to(dtype).eval()
-
-
-def perturbed(model: ContinuousAR, scale: float, seed: int = 5) -> ContinuousAR:
-    """A copy with Gaussian noise (relative to each tensor's std) on every weight: a draft close to the target."""
-    other = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype)
-            p.add_(noise * scale * (p.std() if p.numel() > 1 else 1.0))
-    return other

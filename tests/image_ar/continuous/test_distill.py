@@ -9,7 +9,8 @@ import torch
 
 from specmm.image_ar.continuous import CSpDSampler
 from specmm.image_ar.continuous.distill import trajectory_kl_loss
-from tests.image_ar.continuous.conftest import perturbed, tiny_model
+from tests.conftest import perturbed_copy
+from tests.image_ar.continuous.conftest import tiny_model
 
 
 def test_loss_is_zero_for_an_identical_draft_and_rejects_gaussian_heads():
@@ -22,7 +23,7 @@ def test_loss_is_zero_for_an_identical_draft_and_rejects_gaussian_heads():
 
 def test_distilling_raises_acceptance():
     target = tiny_model(head="ddpm", diffusion_steps=3, beta_schedule="squaredcos_cap_v2")
-    draft = perturbed(target, 0.5).train()
+    draft = perturbed_copy(target, 0.5, seed=5).train()
     labels = torch.arange(64) % 3
 
     def acceptance() -> float:

@@ -12,7 +12,8 @@ from specmm.image_ar.continuous.rules import (
     acceptance_probability,
     residual_acceptance_probability,
 )
-from tests.image_ar.continuous.conftest import perturbed, tiny_model
+from tests.conftest import perturbed_copy
+from tests.image_ar.continuous.conftest import tiny_model
 
 
 def drafts_of(draft_head, z, seed=0) -> Drafts:
@@ -23,7 +24,7 @@ def drafts_of(draft_head, z, seed=0) -> Drafts:
 
 def test_one_step_gaussian_ratios_agree_and_equal_the_closed_form():
     target = tiny_model(dtype=torch.float64)
-    draft = perturbed(target, 0.3)
+    draft = perturbed_copy(target, 0.3, seed=5)
     z_draft, z_target = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
     drafts = drafts_of(draft.head, z_draft)
     trajectory_ratio, _ = TrajectoryRule().log_ratio(target.head, draft.head, drafts, z_target[:, None], 1.0)
@@ -40,7 +41,7 @@ def test_one_step_gaussian_ratios_agree_and_equal_the_closed_form():
 
 def test_multi_step_trajectory_ratio_is_zero_for_identical_heads_and_final_step_differs_from_it():
     target = tiny_model(head="ddpm", diffusion_steps=4, beta_schedule="squaredcos_cap_v2", dtype=torch.float64)
-    draft = perturbed(target, 0.2)
+    draft = perturbed_copy(target, 0.2, seed=5)
     z = torch.randn(8, 16, dtype=torch.float64)
     same = drafts_of(target.head, z)
     ratio, _ = TrajectoryRule().log_ratio(target.head, target.head, same, z[:, None], 1.0)

@@ -7,7 +7,8 @@ import torch
 from scipy.stats import ks_2samp, ttest_ind
 
 from specmm.image_ar.continuous import CSpDSampler, sample_ar
-from tests.image_ar.continuous.conftest import perturbed, tiny_model
+from tests.conftest import perturbed_copy
+from tests.image_ar.continuous.conftest import tiny_model
 
 SAMPLES = 20_000
 ALPHA = 1e-3  # family-wise, Bonferroni over the 8 coordinates (4 tokens x 2 dims) and two tests
@@ -30,7 +31,7 @@ def draws(target, draft, rule, seed, **kw):
 @pytest.mark.parametrize("rule", ["trajectory", "final-step"])
 def test_one_step_gaussian_head_output_matches_the_target_and_the_test_sees_a_5_percent_shift(rule):
     target = tiny_model()
-    draft = perturbed(target, 0.3)
+    draft = perturbed_copy(target, 0.3, seed=5)
     reference, speculative, stats = draws(target, draft, rule, seed=1, draft_tokens=2)
     assert 0.2 < stats.acceptance_rate < 0.98 and stats.fallbacks == 0  # both branches are exercised
     assert not differs(reference, speculative)
@@ -43,7 +44,7 @@ def test_one_step_gaussian_head_output_matches_the_target_and_the_test_sees_a_5_
 
 def test_trajectory_rule_is_exact_for_a_multi_step_ddpm_head_in_random_order():
     target = tiny_model(head="ddpm", diffusion_steps=3, order="random")
-    draft = perturbed(target, 0.05)
+    draft = perturbed_copy(target, 0.05, seed=5)
     reference, speculative, stats = draws(target, draft, "trajectory", seed=2, draft_tokens=3, prefill_tokens=1)
     assert 0.1 < stats.acceptance_rate < 0.98 and stats.fallbacks == 0
     assert not differs(reference, speculative)
