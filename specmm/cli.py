@@ -43,13 +43,7 @@ def cmd_zoo(args) -> int:
 
     if args.zoo_command == "list":
         for entry in zoo.REGISTRY.values():
-            built = []
-            for scale in entry.recipes:
-                try:
-                    zoo.path(entry.name, scale)
-                    built.append(scale)
-                except FileNotFoundError:
-                    pass
+            built = [scale for scale in entry.recipes if zoo.is_built(entry.name, scale)]
             print(f"{entry.name:<19} scales: {', '.join(entry.recipes):<16} built: {', '.join(built) or '-':<10} "
                   f"{entry.description}")
     elif args.zoo_command == "build":

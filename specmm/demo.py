@@ -34,14 +34,6 @@ class DemoSection:
     cpu_build_minutes: int  # time to train `needs` once at --scale cpu on two idle cores (for the skip message)
 
 
-def _built(name: str, scale: str) -> bool:
-    try:
-        zoo.path(name, scale)
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
     """Captioning: the zoo captioner alone vs ViSpec (and EAGLE when `captioner-drafters` is built)."""
     from specmm.bench.vlm import VLMBenchSetup, bench_vlm, heldout_seeds, scene_images
@@ -52,7 +44,7 @@ def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
     models = captioner.load(zoo.build("captioner", scale), device=torch.device(device))
     drafters = {"vispec": VisionDrafter.from_pretrained(zoo.build("captioner-vispec", scale) / "vispec",
                                                         models.target)}
-    if _built("captioner-drafters", scale):
+    if zoo.is_built("captioner-drafters", scale):
         drafters["eagle"] = VisionDrafter.from_pretrained(zoo.path("captioner-drafters", scale) / "eagle",
                                                           models.target)
     micro = scale == "tiny"  # untrained micro models never stop by themselves: keep their runs short
@@ -156,7 +148,7 @@ def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: s
     """Run the headline and every section whose zoo entries are built (all of them with `build_all`)."""
     results, skipped = [], []
     for section in [HEADLINE, *SECTIONS]:
-        missing = [name for name in section.needs if not _built(name, scale)]
+        missing = [name for name in section.needs if not zoo.is_built(name, scale)]
         if missing and section is not HEADLINE and not build_all:
             skipped.append((section, missing))
             print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built "

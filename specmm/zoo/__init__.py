@@ -120,9 +120,18 @@ def path(name: str, scale: str = "cpu") -> Path:
     return dest
 
 
+def is_built(name: str, scale: str = "cpu") -> bool:
+    """Whether `path(name, scale)` would return a finished, intact build."""
+    try:
+        path(name, scale)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def record(name: str, scale: str = "cpu") -> dict:
     """The zoo.json of a finished build."""
     return read_manifest(path(name, scale))
 
 
-__all__ = ["REGISTRY", "ZooEntry", "build", "get", "home", "path", "record", "register"]
+__all__ = ["REGISTRY", "ZooEntry", "build", "get", "home", "is_built", "path", "record", "register"]
