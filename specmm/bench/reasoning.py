@@ -31,7 +31,7 @@ from specmm.reasoning import (
     StepSpeculator,
     TargetOnly,
 )
-from specmm.zoo.chainarith import heldout_problems
+from specmm.zoo.chainarith import hard_share_of, heldout_problems
 from specmm.zoo.chainarith_task import JUDGE, answer_of
 
 
@@ -65,6 +65,29 @@ class MethodResult:
         return self.wall_s / self.batches
 
 
+@dataclass
+class Tally:
+    """One method's running totals over the batches it has run so far."""
+
+    completions: list[list[int]] = field(default_factory=list)
+    wall_s: float = 0.0
+    batches: int = 0
+    checked: int = 0  # draft steps a policy decided on
+    kept: int = 0
+    draft_tokens: int = 0
+    tokens: int = 0
+    target_forwards: int = 0
+    step_level: bool = True
+
+    def result(self, name: str, problems, tokenizer) -> MethodResult:
+        acc, se = _accuracy(self.completions, problems, tokenizer)
+        nan = math.nan
+        return MethodResult(name, acc, se, self.wall_s, self.batches,
+                            self.kept / self.checked if self.checked else nan,
+                            self.draft_tokens / max(self.tokens, 1) if self.step_level else nan, self.tokens,
+                            self.target_forwards, self.completions)
+
+
 def _synced(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -77,86 +100,86 @@ def _accuracy(completions, problems, tokenizer) -> tuple[float, float]:
     return acc, math.sqrt(acc * (1 - acc) / len(hits))
 
 
-def run_step_method(models, policy, problems, batch: int, setup: ReasoningBenchSetup, device,
-                    inner: int | None = None) -> MethodResult:
+def step_method(models, policy, setup: ReasoningBenchSetup, device, inner: int | None = None):
+    """A function running one batch of problems through a step policy into a Tally (seeded by batch start)."""
     spec = StepSpeculator(models.target, models.draft, models.tokenizer, policy, delimiter=[models.step_token_id],
                           max_step_tokens=setup.max_step_tokens, inner_speculation=inner)
     sampling = specmm.SamplingConfig(temperature=setup.temperature)
-    completions, wall, checked, kept, draft_tokens, tokens, forwards = [], 0.0, 0, 0, 0, 0, 0
-    for i in range(0, len(problems), batch):
-        prompts = [p.prompt for p in problems[i: i + batch]]
-        start = _synced(device)
-        out = spec.generate(prompts, max_new_tokens=setup.max_new_tokens, sampling=sampling, seed=i)
-        wall += _synced(device) - start
-        completions += out.completions
+
+    def run(problems, start: int, tally: Tally) -> None:
+        begin = _synced(device)
+        out = spec.generate([p.prompt for p in problems], max_new_tokens=setup.max_new_tokens, sampling=sampling,
+                            seed=start)
+        tally.wall_s += _synced(device) - begin
+        tally.batches += 1
+        tally.completions += out.completions
         decisions = [d for row in out.decisions for d in row if d is not None]
-        checked, kept = checked + len(decisions), kept + sum(decisions)
+        tally.checked, tally.kept = tally.checked + len(decisions), tally.kept + sum(decisions)
         mask = out.completion_mask.bool()
-        draft_tokens += int((out.source[mask] == 0).sum())
-        tokens += int(mask.sum())
-        forwards += out.counters["target_forwards"]
-    acc, se = _accuracy(completions, problems, models.tokenizer)
-    name = policy.name + (f" + token SD k={inner} in regenerated steps" if inner else "")
-    return MethodResult(name, acc, se, wall, math.ceil(len(problems) / batch),
-                        kept / checked if checked else math.nan, draft_tokens / max(tokens, 1), tokens, forwards,
-                        completions)
+        tally.draft_tokens += int((out.source[mask] == 0).sum())
+        tally.tokens += int(mask.sum())
+        tally.target_forwards += out.counters["target_forwards"]
+    return run
 
 
-def run_token_sd(models, problems, batch: int, setup: ReasoningBenchSetup, device) -> MethodResult:
+def token_sd_method(models, setup: ReasoningBenchSetup, device):
     """Exact token-level speculation (core engine, chain of k draft tokens) on whole solutions."""
     tokenizer = models.tokenizer
     gen = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft),
                                       tree=specmm.TreeSpec.chain(setup.token_sd_k))
     sampling = specmm.SamplingConfig(temperature=setup.temperature)
-    completions, wall, tokens, forwards = [], 0.0, 0, 0
-    for i in range(0, len(problems), batch):
-        enc = tokenizer([p.prompt for p in problems[i: i + batch]], return_tensors="pt", padding=True)
-        start = _synced(device)
+
+    def run(problems, start: int, tally: Tally) -> None:
+        tally.step_level = False
+        enc = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True)
+        begin = _synced(device)
         out = gen.generate(enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
                            max_new_tokens=setup.max_new_tokens, sampling=sampling,
                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        wall += _synced(device) - start
+        tally.wall_s += _synced(device) - begin
+        tally.batches += 1
         for row in out.sequences[:, enc["input_ids"].shape[1]:].tolist():
-            completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
-        tokens += out.stats.new_tokens
-        forwards += out.stats.target_forwards
-    acc, se = _accuracy(completions, problems, tokenizer)
-    return MethodResult(f"token-level SD (exact, chain {setup.token_sd_k})", acc, se, wall,
-                        math.ceil(len(problems) / batch), math.nan, math.nan, tokens, forwards, completions)
+            tally.completions.append(row[: row.index(tokenizer.eos_token_id) + 1]
+                                     if tokenizer.eos_token_id in row else row)
+        tally.tokens += out.stats.new_tokens
+        tally.target_forwards += out.stats.target_forwards
+    return run
+
+
+def run_interleaved(methods: dict[str, Callable], problems, batch: int, tokenizer, progress: bool,
+                    desc: str) -> list[MethodResult]:
+    """Every method on every batch of problems, methods interleaved within each batch (so a slow spell of a
+    shared machine hits all methods alike), after one warm-up batch per method."""
+    for run in methods.values():
+        run(problems[:batch], 0, Tally())
+    tallies = {name: Tally() for name in methods}
+    starts = range(0, len(problems), batch)
+    for start in tqdm(starts, desc=desc, disable=not progress):
+        for name, run in methods.items():
+            run(problems[start: start + batch], start, tallies[name])
+    return [tallies[name].result(name, problems, tokenizer) for name in methods]
 
 
 def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, progress: bool) -> list[MethodResult]:
-    problems = heldout_problems(setup.problems.get(batch, 2 * batch))
+    problems = heldout_problems(setup.problems.get(batch, 2 * batch), hard_share_of(models.record.get("recipe", {})))
     template = JudgeTemplate.from_text(models.tokenizer, JUDGE)
-    runs: list[tuple[str, Callable[[list], MethodResult]]] = []
-
-    def step(policy_factory):
-        return lambda ps: run_step_method(models, policy_factory(), ps, batch, setup, device)
-
-    runs.append(("target", step(TargetOnly)))
-    runs.append(("draft", step(DraftOnly)))
-    for t in setup.specreason_thresholds:
-        runs.append(("specreason", step(lambda t=t: SpecReason(t, template=template, method="expected"))))
-    for t in setup.arbitrage_thresholds:
-        runs.append(("arbitrage", step(lambda t=t: Arbitrage(models.router, t))))
-    runs.append(("token-sd", lambda ps: run_token_sd(models, ps, batch, setup, device)))
-    strictest = max(setup.specreason_thresholds)
-    runs.append(("specreason+sd", lambda ps: run_step_method(
-        models, SpecReason(strictest, template=template, method="expected"), ps, batch, setup, device,
-        inner=setup.token_sd_k)))
-    results = []
-    warm = problems[: batch]
-    for _, fn in tqdm(runs, desc=f"warm-up (batch {batch})", disable=not progress):
-        fn(warm)
-    for _, fn in tqdm(runs, desc=f"bench (batch {batch})", disable=not progress):
-        results.append(fn(problems))
-    # random routing at each measured acceptance rate of the learned policies
-    for result in [r for r in results if r.name.startswith(("specreason", "arbitrage")) and "token SD" not in r.name]:
-        if not math.isnan(result.acceptance):
-            p = round(1 - result.acceptance, 3)
-            random_result = run_step_method(models, RandomRouting(p, seed=batch), problems, batch, setup, device)
-            random_result.name = f"{random_result.name} [matches {result.name}]"
-            results.append(random_result)
+    policies = [TargetOnly(), DraftOnly()]
+    policies += [SpecReason(t, template=template, method="expected") for t in setup.specreason_thresholds]
+    policies += [Arbitrage(models.router, t) for t in setup.arbitrage_thresholds]
+    methods = {policy.name: step_method(models, policy, setup, device) for policy in policies}
+    methods[f"token-level SD (exact, chain {setup.token_sd_k})"] = token_sd_method(models, setup, device)
+    strictest = SpecReason(max(setup.specreason_thresholds), template=template, method="expected")
+    methods[f"{strictest.name} + token SD k={setup.token_sd_k} in regenerated steps"] = step_method(
+        models, strictest, setup, device, inner=setup.token_sd_k)
+    results = run_interleaved(methods, problems, batch, models.tokenizer, progress, f"bench (batch {batch})")
+    # random routing at each measured acceptance rate of the learned policies, interleaved among themselves
+    matched = [r for r in results if r.name.startswith(("specreason", "arbitrage")) and "token SD" not in r.name
+               and not math.isnan(r.acceptance)]
+    controls = {}
+    for result in matched:
+        policy = RandomRouting(round(1 - result.acceptance, 3), seed=batch)
+        controls[f"{policy.name} [matches {result.name}]"] = step_method(models, policy, setup, device)
+    results += run_interleaved(controls, problems, batch, models.tokenizer, progress, f"random (batch {batch})")
     return results
 
 
@@ -176,7 +199,8 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
     problems = setup.problems.get(batch, 2 * batch)
     notes = [
         ("speedup = target-only latency / method latency (latency = measured wall-clock per batch, device-"
-        "synchronised, after one warm-up run of every method); 'median s' holds that mean latency per batch."),
+        "synchronised, after one warm-up batch of every method; methods interleaved batch by batch, random "
+        "controls in a second interleaved pass); 'median s' holds that mean latency per batch."),
         "'mean accepted' here = new tokens per target forward (judge prefills and regenerations included).",
         "'outputs match' compares every completion with target-only's; step-level methods are lossy by design.",
         "accuracy: exact answer check on held-out ChainArith problems, ± binomial standard error.",

@@ -105,9 +105,10 @@ def cmd_reason(args) -> int:
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     else:
-        from specmm.zoo.chainarith import heldout_problems
+        from specmm.zoo.chainarith import hard_share_of, heldout_problems
 
-        prompts = [p.prompt for p in heldout_problems(args.problems)]
+        recipe = models.record.get("recipe", {}) if models is not None else {}
+        prompts = [p.prompt for p in heldout_problems(args.problems, hard_share_of(recipe))]
     done = set()
     if out.exists():
         done = {json.loads(line)["index"] for line in out.read_text().splitlines() if line.strip()}

@@ -101,8 +101,11 @@ class ModelState:
     def run_pending(self, rows: Tensor):
         """Open a round with the pending tail of `rows` ([B] bool); returns the output and each row's
         last pending index [B]."""
-        valid = torch.arange(self.pending.shape[1], device=self.device)[None, :] < self.pending_count[:, None]
-        return self.run(self.pending, valid & rows[:, None]), (self.pending_count - 1).clamp_min(0)
+        # only as wide as the longest tail among `rows`: other rows' tails (e.g. the target's, after many kept
+        # draft steps) stay pending, and are not run as padding through every layer
+        width = max(int(self.pending_count[rows].max()), 1) if bool(rows.any()) else 1
+        valid = torch.arange(width, device=self.device)[None, :] < self.pending_count[:, None]
+        return self.run(self.pending[:, :width], valid & rows[:, None]), (self.pending_count - 1).clamp(0, width - 1)
 
     def close_round(self, keep: Tensor, tail: Tensor, tail_count: Tensor) -> None:
         """Keep the first keep[b] valid round tokens of row b (or none when no round is open); the new

@@ -1,4 +1,4 @@
-"""Zoo entry `chainarith`: a Llama target, a weaker one-layer draft and an Arbitrage router on ChainArith.
+"""Zoo entry `chainarith`: a deep Llama target, a weaker two-layer draft and an Arbitrage router on ChainArith.
 
 The target is trained on solutions and, multi-task, to emit a judge digit after `<JUDGE>` (9 for a valid
 step, 0 for a corrupted one), so SpecReason's self-judge is one prefill; the draft is narrower and shallower
@@ -58,13 +58,17 @@ RECIPES = {
         "target_train": {"steps": 6, "batch_size": 8, "checkpoint_every": 3, "warmup_steps": 2},
         "draft_train": {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "warmup_steps": 2},
         "judge_share": 0.3, "router_problems": 8, "router_samples": 2, "router_steps": 20, "eval_problems": 8},
-    # <= 6 minutes on 2 idle CPU cores
+    # ~25 minutes on 2 idle CPU cores. The target is deep and narrow: at batch 1 these tiny models cost
+    # ~0.5 ms per layer of framework overhead whatever their width, so 16 layers against the draft's 2 give
+    # the ~5x per-token latency ratio of a real 32B/1.5B pair (a 4-layer target gave 1.6x: no room to win).
+    # Steps are 30% products, as chains of thought are mostly easy steps; judge digits weigh 20 tokens.
     "cpu": {
-        "target": {"hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 256},
+        "target": {"hidden_size": 96, "num_hidden_layers": 16, "num_attention_heads": 4, "intermediate_size": 256},
         "draft": {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
-        "target_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 50},
+        "target_train": {"steps": 2000, "batch_size": 32, "lr": 2e-3, "warmup_steps": 100, "checkpoint_every": 100},
         "draft_train": {"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "checkpoint_every": 100},
-        "judge_share": 0.3, "router_problems": 192, "router_samples": 4, "router_steps": 400, "eval_problems": 128},
+        "hard_share": 0.3, "judge_share": 0.3, "judge_weight": 20.0, "router_problems": 192, "router_samples": 4,
+        "router_steps": 400, "eval_problems": 128},
     # for GPU benchmarks (untested here)
     "gpu": {
         "target": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "intermediate_size": 1536},
@@ -75,39 +79,51 @@ RECIPES = {
 }
 
 
-def heldout_problems(count: int) -> list:
+def heldout_problems(count: int, hard_share: float = 0.5) -> list:
     rng = random.Random(HELDOUT_SEED)
-    return [sample_problem(rng) for _ in range(count)]
+    return [sample_problem(rng, hard_share=hard_share) for _ in range(count)]
 
 
-def training_example(rng: random.Random, tokenizer, judge_share: float) -> tuple[list[int], list[int]]:
-    """(input ids, labels): a full solution (loss on the solution), or a judge example (loss on the digit)."""
-    problem = sample_problem(rng)
+def hard_share_of(recipe: dict) -> float:
+    """The share of product steps in a recipe's problems (0.5 for builds made before it was a knob)."""
+    return recipe.get("hard_share", 0.5)
+
+
+def training_example(rng: random.Random, tokenizer, judge_share: float,
+                     hard_share: float = 0.5) -> tuple[list[int], list[int], bool]:
+    """(input ids, labels, is_judge): a full solution (loss on the solution), or a judge example (loss on
+    the digit only)."""
+    problem = sample_problem(rng, hard_share=hard_share)
     steps = problem.steps()
     prompt = tokenizer.encode(problem.prompt)
     if rng.random() >= judge_share:
         solution = tokenizer.encode("".join(steps))
-        return prompt + solution, [IGNORE] * len(prompt) + solution
+        return prompt + solution, [IGNORE] * len(prompt) + solution, False
     k = rng.randrange(len(steps))
     candidate = steps[k] if rng.random() < 0.5 else corrupt(steps[k], rng)
     digit = GOOD if candidate == steps[k] else BAD
     ids = prompt + tokenizer.encode("".join(steps[:k]) + candidate + JUDGE + digit)
-    return ids, [IGNORE] * (len(ids) - 1) + [ids[-1]]
+    return ids, [IGNORE] * (len(ids) - 1) + [ids[-1]], True
 
 
-def batches(tokenizer, config: LMTrainConfig, judge_share: float):
-    """make_batch(step): right-padded [B, SEQ_LEN] examples, a pure function of (seed, step)."""
+def batches(tokenizer, config: LMTrainConfig, judge_share: float, hard_share: float = 0.5,
+            judge_weight: float = 1.0):
+    """make_batch(step): right-padded [B, SEQ_LEN] examples and per-label loss weights (`judge_weight` on
+    a judge digit, 1 elsewhere), a pure function of (seed, step)."""
     pad = tokenizer.pad_token_id
 
     def make_batch(step: int) -> dict[str, torch.Tensor]:
         rng = random.Random(config.seed * 1_000_003 + step)
         ids = torch.full((config.batch_size, SEQ_LEN), pad, dtype=torch.long)
         labels = torch.full_like(ids, IGNORE)
+        weights = torch.ones(ids.shape)
         for b in range(config.batch_size):
-            x, y = training_example(rng, tokenizer, judge_share)
+            x, y, is_judge = training_example(rng, tokenizer, judge_share, hard_share)
             ids[b, : len(x)], labels[b, : len(y)] = torch.tensor(x), torch.tensor(y)
+            if is_judge:
+                weights[b] = judge_weight
         width = int((ids != pad).sum(1).max())  # trim the common padding
-        return {"input_ids": ids[:, :width], "labels": labels[:, :width]}
+        return {"input_ids": ids[:, :width], "labels": labels[:, :width], "weights": weights[:, :width]}
 
     return make_batch
 
@@ -121,9 +137,9 @@ def make_model(size: dict, tokenizer, seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def evaluate(target, draft, tokenizer, count: int) -> dict:
+def evaluate(target, draft, tokenizer, count: int, hard_share: float = 0.5) -> dict:
     """Greedy answer accuracy and per-type step validity of target-only and draft-only decoding."""
-    problems = heldout_problems(count)
+    problems = heldout_problems(count, hard_share)
     checker = StepChecker(tokenizer)
     result = {}
     for name, policy in (("target", TargetOnly()), ("draft", DraftOnly())):
@@ -147,7 +163,7 @@ def evaluate(target, draft, tokenizer, count: int) -> dict:
 def collect_router_data(target, draft, tokenizer, recipe: dict, seed: int) -> dict[str, torch.Tensor]:
     """Draft-side features and oracle advantages on training problems (greedy draft, sampled target)."""
     rng = random.Random(seed + 77)
-    problems = [sample_problem(rng) for _ in range(recipe["router_problems"])]
+    problems = [sample_problem(rng, hard_share=hard_share_of(recipe)) for _ in range(recipe["router_problems"])]
     policy = OracleRouting(StepChecker(tokenizer), samples=recipe["router_samples"], seed=seed)
     spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=[tokenizer.convert_tokens_to_ids(STEP)],
                           max_step_tokens=12)
@@ -160,13 +176,15 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     work = dest / "work"
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer()
-    record = {"task": "ChainArith: 3-6 ops mod 100 (+1..9 easy, *2..9 hard)", "models": {}}
+    hard_share = hard_share_of(recipe)
+    record = {"task": f"ChainArith: 3-6 ops mod 100 (+1..9 easy, *2..9 hard, {hard_share:.0%} hard)", "models": {}}
     trained = {}
     for offset, role in enumerate(("draft", "target")):
         model = make_model(recipe[role], tokenizer, seed + offset)
         config = LMTrainConfig(seq_len=SEQ_LEN, seed=seed + offset, **recipe[f"{role}_train"])
         share = recipe["judge_share"] if role == "target" else 0.0
-        losses = train_causal_lm(model, batches(tokenizer, config, share), config, work / role,
+        make_batch = batches(tokenizer, config, share, hard_share, recipe.get("judge_weight", 1.0))
+        losses = train_causal_lm(model, make_batch, config, work / role,
                                  desc=f"chainarith/{role}", progress=progress)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -177,7 +195,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         record["models"][role] = {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
                                   "final_train_loss": sum(tail) / len(tail)}
     target, draft = trained["target"], trained["draft"]
-    record["heldout"] = evaluate(target, draft, tokenizer, recipe["eval_problems"])
+    record["heldout"] = evaluate(target, draft, tokenizer, recipe["eval_problems"], hard_share)
     data_file = work / "router_data.pt"
     if data_file.is_file():
         data = torch.load(data_file, weights_only=True)

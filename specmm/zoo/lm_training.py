@@ -52,9 +52,15 @@ def token_windows(tokens: Tensor, config: LMTrainConfig) -> Callable[[int], dict
     return make_batch
 
 
-def next_token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    """Cross-entropy of logits[:, t] against labels[:, t + 1], skipping IGNORE labels."""
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE)
+def next_token_loss(logits: Tensor, labels: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Cross-entropy of logits[:, t] against labels[:, t + 1], skipping IGNORE labels; with `weights` [B, L]
+    (one per label), the weighted mean, so a rare target (one judge digit per example) can count more."""
+    flat_logits, flat_labels = logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten()
+    if weights is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE)
+    losses = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE, reduction="none")
+    w = weights[:, 1:].flatten().float() * (flat_labels != IGNORE)
+    return (losses * w).sum() / w.sum().clamp_min(1e-8)
 
 
 def _lr_factor(step: int, config: LMTrainConfig) -> float:
@@ -65,9 +71,9 @@ def _lr_factor(step: int, config: LMTrainConfig) -> float:
 
 
 def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Next-token loss of `model(**inputs)` against `batch["labels"]`."""
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    return next_token_loss(model(**inputs).logits, batch["labels"])
+    """Next-token loss of `model(**inputs)` against `batch["labels"]` (weighted by `batch["weights"]` if given)."""
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "weights")}
+    return next_token_loss(model(**inputs).logits, batch["labels"], batch.get("weights"))
 
 
 def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tensor]], config: LMTrainConfig,

@@ -3,6 +3,7 @@
 import torch
 
 from specmm.image_ar import ImageDrafter, lantern_pp_tree
+from specmm.image_ar.trees import NAIVE_EXTEND_57
 from specmm.image_ar.drafter_train import (
     DrafterTrainConfig,
     drafter_loss,
@@ -15,6 +16,11 @@ def test_lantern_pp_tree_has_57_nodes_with_upstream_depth_profile():
     _, _, depths = tree.static_layout
     assert tree.num_nodes == 58  # root + 57 drafts
     assert [depths.count(d) for d in range(1, 6)] == [5, 13, 16, 14, 9]
+    # every path's parent is in the tree and ranks under a parent are 0..m-1: a valid choice list
+    paths = set(NAIVE_EXTEND_57)
+    assert len(paths) == 57 and all(p[:-1] in paths for p in paths if len(p) > 1)
+    assert all(p[-1] == 0 or (*p[:-1], p[-1] - 1) in paths for p in paths)
+    assert max(p[-1] for p in paths) == 4  # at most 5 children per node (top-5 of the drafter)
 
 
 def test_drafter_training_lowers_loss_and_round_trips(lg, tmp_path):

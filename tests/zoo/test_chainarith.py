@@ -52,6 +52,34 @@ def test_products_are_harder_steps_than_additions_in_the_task_definition():
     assert 0.4 < ops.count("*") / len(ops) < 0.6
 
 
+def test_judge_digits_carry_the_judge_weight_and_the_loss_is_their_weighted_mean():
+    from specmm.zoo.lm_training import LMTrainConfig, next_token_loss
+
+    tokenizer = make_tokenizer()
+    config = LMTrainConfig(seq_len=chainarith.SEQ_LEN, seed=3, steps=1, batch_size=16)
+    batch = chainarith.batches(tokenizer, config, judge_share=0.5, hard_share=0.3, judge_weight=7.0)(0)
+    judge = (batch["labels"] != -100).sum(1) == 1  # a judge example has one label: its digit
+    assert judge.any() and (~judge).any()
+    assert torch.all(batch["weights"][judge] == 7.0) and torch.all(batch["weights"][~judge] == 1.0)
+    logits = torch.randn(*batch["input_ids"].shape, len(tokenizer), generator=torch.Generator().manual_seed(0))
+    plain = next_token_loss(logits, batch["labels"])
+    assert torch.allclose(next_token_loss(logits, batch["labels"], torch.ones_like(batch["weights"])), plain)
+    per_token = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
+                                                  ignore_index=-100, reduction="none").view(len(judge), -1)
+    valid = batch["labels"][:, 1:] != -100
+    w = batch["weights"][:, 1:] * valid
+    expected = (per_token * w).sum() / w.sum()
+    assert torch.allclose(next_token_loss(logits, batch["labels"], batch["weights"]), expected)
+    assert not torch.allclose(expected, plain)
+
+
+def test_hard_share_sets_the_share_of_products_in_held_out_problems():
+    for share in (0.3, 0.5):
+        ops = [op for p in chainarith.heldout_problems(400, share) for op, _ in p.ops]
+        assert abs(ops.count("*") / len(ops) - share) < 0.05
+    assert chainarith.heldout_problems(5) == chainarith.heldout_problems(5, chainarith.hard_share_of({}))
+
+
 def hashes(path) -> dict[str, str]:
     return {rel: meta["sha256"] for rel, meta in store.read_manifest(path)["files"].items()}
 
