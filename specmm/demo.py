@@ -138,7 +138,7 @@ def run_dlm(scale: str, device: str) -> tuple[BenchReport, str]:
 HEADLINE = DemoSection("Captioning", ("captioner", "captioner-vispec"), run_captioning, 16)
 SECTIONS: list[DemoSection] = [
     DemoSection("Code completion", ("code",), run_code, 10),
-    DemoSection("SSM hybrid (STree)", ("code", "ssm-code"), run_ssm, 12),
+    DemoSection("SSM hybrid (STree)", ("code", "ssm-code"), run_ssm, 7),
     DemoSection("Diffusion LM (SSD)", ("code", "dlm-code"), run_dlm, 5),
 ]
 

@@ -58,7 +58,7 @@ RECIPES = {
         "target_train": {"steps": 6, "batch_size": 8, "checkpoint_every": 3, "warmup_steps": 2},
         "draft_train": {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "warmup_steps": 2},
         "judge_share": 0.3, "router_problems": 8, "router_samples": 2, "router_steps": 20, "eval_problems": 8},
-    # ~25 minutes on 2 idle CPU cores. The target is deep and narrow: at batch 1 these tiny models cost
+    # ~18 minutes on 2 idle CPU cores. The target is deep and narrow: at batch 1 these tiny models cost
     # ~0.5 ms per layer of framework overhead whatever their width, so 16 layers against the draft's 2 give
     # the ~5x per-token latency ratio of a real 32B/1.5B pair (a 4-layer target gave 1.6x: no room to win).
     # Steps are 30% products, as chains of thought are mostly easy steps; judge digits weigh 20 tokens.

@@ -45,7 +45,7 @@ RECIPES = {
         "train": {"steps": 4, "batch_size": 2, "seq_len": 32, "checkpoint_every": 2, "warmup_steps": 1},
         "eval": {"windows": 2, "seq_len": 32, "prompts": 2, "prompt_tokens": 16, "new_tokens": 8},
     },
-    # ~12 minutes on 2 CPU cores: 12-layer targets. At these sizes a CPU forward costs ~1 ms of framework
+    # ~7 minutes on 2 CPU cores: 12-layer targets. At these sizes a CPU forward costs ~1 ms of framework
     # overhead per layer whatever the width, so depth sets the target/draft latency ratio, as model size
     # does on real hardware; with 4 layers the one-layer draft cost as much as a third of the target.
     "cpu": {

@@ -10,8 +10,8 @@ TINY_VQ = {"codebook_size": 64, "codebook_embed_dim": 8, "ch": 32, "ch_mult": [1
 
 def tiny_llamagen(vocab: int = 64, block: int = 16, seed: int = 0, dtype=torch.float32, **gpt) -> LlamaGen:
     torch.manual_seed(seed)
-    config = dict(dim=32, n_layer=2, n_head=2, vocab_size=vocab, block_size=block, num_classes=10, model_type="c2i",
-                  **gpt)
+    config = {"dim": 32, "n_layer": 2, "n_head": 2, "vocab_size": vocab, "block_size": block, "num_classes": 10,
+              "model_type": "c2i", **gpt}
     lg = LlamaGen.from_config(config, {**TINY_VQ, "codebook_size": vocab}).eval()
     with torch.no_grad():  # a sharper random output head, so distributions are not all flat
         lg.gpt.output.weight.mul_(8.0)
