@@ -38,9 +38,9 @@ from specmm.zoo.chainarith_task import JUDGE, answer_of
 @dataclass
 class ReasoningBenchSetup:
     batch_sizes: tuple[int, ...] = (1, 8, 64)
-    problems: dict[int, int] = field(default_factory=lambda: {1: 24, 8: 64, 64: 128})  # per batch size
-    specreason_thresholds: tuple[float, ...] = (1.0, 4.5, 8.0)  # expected judge score, 0-9
-    arbitrage_thresholds: tuple[float, ...] = (0.3, 0.5, 0.7)  # P(target better)
+    problems: dict[int, int] = field(default_factory=lambda: {1: 64, 8: 64, 64: 128})  # per batch size
+    specreason_thresholds: tuple[float, ...] = (3.0, 6.0, 8.0)  # expected judge score, 0-9
+    arbitrage_thresholds: tuple[float, ...] = (0.2, 0.5, 0.8)  # P(target better)
     max_new_tokens: int = 96
     max_step_tokens: int = 12
     token_sd_k: int = 3

@@ -41,9 +41,9 @@ def add_parsers(sub, bench_sub) -> None:
                                  "token-level SD; accuracy vs measured latency")
     bench.add_argument("--scale", default="cpu")
     bench.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
-    bench.add_argument("--problems", type=int, nargs="+", help="problems per batch size (default 24 64 128)")
-    bench.add_argument("--specreason-thresholds", type=float, nargs="+", default=[1.0, 4.5, 8.0])
-    bench.add_argument("--arbitrage-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7])
+    bench.add_argument("--problems", type=int, nargs="+", help="problems per batch size (default 64 64 128)")
+    bench.add_argument("--specreason-thresholds", type=float, nargs="+", default=[3.0, 6.0, 8.0])
+    bench.add_argument("--arbitrage-thresholds", type=float, nargs="+", default=[0.2, 0.5, 0.8])
     bench.add_argument("--device", default=default_device)
     bench.add_argument("--out", default="benchmarks")
     bench.add_argument("--name", help="report file stem (default reasoning-chainarith-<scale>-<device>)")
@@ -142,7 +142,7 @@ def cmd_bench_reasoning(args) -> int:
     from specmm.zoo import chainarith
 
     device = torch.device(args.device)
-    problems = args.problems or [{1: 24, 8: 64, 64: 128}.get(b, 2 * b) for b in args.batch_sizes]
+    problems = args.problems or [{1: 64, 8: 64, 64: 128}.get(b, 2 * b) for b in args.batch_sizes]
     if len(problems) != len(args.batch_sizes) or min(problems) < 1 or min(args.batch_sizes) < 1:
         raise ValueError("--problems: give one positive count per --batch-sizes entry")
     setup = ReasoningBenchSetup(batch_sizes=tuple(args.batch_sizes), problems=dict(zip(args.batch_sizes, problems)),
