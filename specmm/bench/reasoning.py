@@ -31,7 +31,6 @@ from specmm.reasoning import (
     StepSpeculator,
     TargetOnly,
 )
-from specmm.zoo.chainarith import hard_share_of, heldout_problems
 from specmm.zoo.chainarith_task import JUDGE, answer_of
 
 
@@ -161,7 +160,7 @@ def run_interleaved(methods: dict[str, Callable], problems, batch: int, tokenize
 
 
 def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, progress: bool) -> list[MethodResult]:
-    problems = heldout_problems(setup.problems.get(batch, 2 * batch), hard_share_of(models.record.get("recipe", {})))
+    problems = models.heldout_problems(setup.problems.get(batch, 2 * batch))
     template = JudgeTemplate.from_text(models.tokenizer, JUDGE)
     policies = [TargetOnly(), DraftOnly()]
     policies += [SpecReason(t, template=template, method="expected") for t in setup.specreason_thresholds]

@@ -104,11 +104,8 @@ def cmd_reason(args) -> int:
         delimiter = args.delimiter or [models.step_token_id]
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    else:
-        from specmm.zoo.chainarith import hard_share_of, heldout_problems
-
-        recipe = models.record.get("recipe", {}) if models is not None else {}
-        prompts = [p.prompt for p in heldout_problems(args.problems, hard_share_of(recipe))]
+    else:  # the zoo build (--target requires --prompts)
+        prompts = [p.prompt for p in models.heldout_problems(args.problems)]
     done = set()
     if out.exists():
         done = {json.loads(line)["index"] for line in out.read_text().splitlines() if line.strip()}

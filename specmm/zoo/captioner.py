@@ -30,7 +30,13 @@ from transformers import (
 )
 
 from specmm.zoo import scenes
-from specmm.zoo.lm_training import IGNORE, LMTrainConfig, next_token_loss, train_causal_lm
+from specmm.zoo.lm_training import (
+    IGNORE,
+    LMTrainConfig,
+    next_token_loss,
+    save_trained_lm,
+    train_causal_lm,
+)
 
 EOS, PAD, IMAGE = "<|endoftext|>", "<pad>", "<image>"
 PROMPT = "<image>\nDescribe the picture in detail.\n"
@@ -252,13 +258,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         else:
             model = make_draft(recipe, tokenizer, seed + 1)
             losses = train_causal_lm(model, batches, config, work / role, desc="captioner/draft", progress=progress)
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.save_pretrained(dest / role)
-        (processor if role == "target" else tokenizer).save_pretrained(dest / role)
-        tail = losses[-max(1, len(losses) // 20):]
-        record["models"][role] = {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
-                                  "final_train_loss": sum(tail) / len(tail)}
+        record["models"][role] = save_trained_lm(model, tokenizer, dest / role, losses, config,
+                                                 files=processor if role == "target" else tokenizer)
         if role == "target":
             record["quality"] = evaluate(model, processor, recipe)
     record["image_tokens"] = (recipe["image_size"] // recipe["patch_size"]) ** 2

@@ -44,7 +44,12 @@ from specmm.zoo.chainarith_task import (
     make_tokenizer,
     sample_problem,
 )
-from specmm.zoo.lm_training import IGNORE, LMTrainConfig, train_causal_lm
+from specmm.zoo.lm_training import (
+    IGNORE,
+    LMTrainConfig,
+    save_trained_lm,
+    train_causal_lm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -186,14 +191,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         make_batch = batches(tokenizer, config, share, hard_share, recipe.get("judge_weight", 1.0))
         losses = train_causal_lm(model, make_batch, config, work / role,
                                  desc=f"chainarith/{role}", progress=progress)
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.save_pretrained(dest / role)
-        tokenizer.save_pretrained(dest / role)
+        record["models"][role] = save_trained_lm(model, tokenizer, dest / role, losses, config)
         trained[role] = model
-        tail = losses[-max(1, len(losses) // 20):]
-        record["models"][role] = {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
-                                  "final_train_loss": sum(tail) / len(tail)}
     target, draft = trained["target"], trained["draft"]
     record["heldout"] = evaluate(target, draft, tokenizer, recipe["eval_problems"], hard_share)
     data_file = work / "router_data.pt"
@@ -220,6 +219,10 @@ class ChainArithModels:
     @property
     def step_token_id(self) -> int:
         return self.tokenizer.convert_tokens_to_ids(STEP)
+
+    def heldout_problems(self, count: int) -> list:
+        """Held-out problems with this build's share of product steps."""
+        return heldout_problems(count, hard_share_of(self.record.get("recipe", {})))
 
 
 def load(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ChainArithModels:

@@ -17,9 +17,20 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
-from specmm.zoo.lm_training import LMTrainConfig, heldout_loss, token_windows, train_causal_lm
+from specmm.zoo.lm_training import (
+    LMTrainConfig,
+    heldout_loss,
+    save_trained_lm,
+    token_windows,
+    train_causal_lm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -186,15 +197,10 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         losses = train_causal_lm(model, token_windows(tokens["train"], config), config, work / role,
                                  desc=f"code/{role}", progress=progress)
         loss = heldout_loss(model, tokens["heldout"], ev["seq_len"], windows=ev["windows"])
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.save_pretrained(dest / role)
-        tokenizer.save_pretrained(dest / role)
-        trained[role] = model
-        tail = losses[-max(1, len(losses) // 20):]
-        record["models"][role] = {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
+        record["models"][role] = {**save_trained_lm(model, tokenizer, dest / role, losses, config),
                                   "tokens_seen": config.steps * config.batch_size * config.seq_len,
-                                  "final_train_loss": sum(tail) / len(tail), "heldout_loss": loss}
+                                  "heldout_loss": loss}
+        trained[role] = model
     prompts = heldout_prompts(tokenizer, tokens["heldout"], ev["prompts"], ev["prompt_tokens"])
     record["greedy_agreement"] = greedy_agreement(trained["target"], trained["draft"], prompts, ev["new_tokens"])
     (dest / "prompts.json").write_text(json.dumps(tokenizer.batch_decode(prompts), indent=1))

@@ -124,6 +124,20 @@ def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tens
     return losses
 
 
+def save_trained_lm(model: nn.Module, tokenizer, folder: Path, losses: list[float], config: LMTrainConfig,
+                     files=None) -> dict:
+    """Save a trained model with `files` (its tokenizer or processor; default `tokenizer`), generation using the
+    tokenizer's pad/eos ids; returns the record every zoo entry keeps: parameters, steps, and the mean loss of the
+    last 5% of steps."""
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    (files or tokenizer).save_pretrained(folder)
+    tail = losses[-max(1, len(losses) // 20):]
+    return {"parameters": sum(p.numel() for p in model.parameters()), "steps": config.steps,
+            "final_train_loss": sum(tail) / len(tail)}
+
+
 @torch.no_grad()
 def heldout_loss(model: nn.Module, tokens: Tensor, seq_len: int, windows: int = 32, batch_size: int = 8) -> float:
     """Mean next-token cross-entropy (nats per token) over evenly spaced held-out windows."""

@@ -25,6 +25,7 @@ from specmm.zoo import code
 from specmm.zoo.lm_training import (
     LMTrainConfig,
     heldout_loss,
+    save_trained_lm,
     token_windows,
     train_causal_lm,
 )
@@ -108,15 +109,9 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
                                  desc=f"ssm-code/{role}", progress=progress)
         with torch.no_grad():
             loss = heldout_loss(model, tokens["heldout"], ev["seq_len"], windows=ev["windows"])
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.save_pretrained(dest / role)
-        tokenizer.save_pretrained(dest / role)
-        tail = losses[-max(1, len(losses) // 20):]
         record["models"][role] = {
-            "class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
-            "steps": config.steps, "tokens_seen": config.steps * config.batch_size * config.seq_len,
-            "final_train_loss": sum(tail) / len(tail), "heldout_loss": loss,
+            "class": type(model).__name__, **save_trained_lm(model, tokenizer, dest / role, losses, config),
+            "tokens_seen": config.steps * config.batch_size * config.seq_len, "heldout_loss": loss,
             "greedy_agreement_with_code_draft": code.greedy_agreement(model, draft, prompts, ev["new_tokens"])}
     (dest / "prompts.json").write_text(json.dumps(tokenizer.batch_decode(prompts), indent=1))
     return record
