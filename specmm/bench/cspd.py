@@ -77,6 +77,8 @@ def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dic
         target, c, temperature=temperature, generator=g), setup.seed, False))]
     methods.append(Method("target-only AR, 2nd seed (noise floor)", run("noise floor", lambda c, g: sample_ar(
         target, c, temperature=temperature, generator=g), setup.seed + 1, False)))
+    methods.append(Method("draft-only AR (latency ratio)", run("draft only", lambda c, g: sample_ar(
+        draft, c, temperature=temperature, generator=g), setup.seed + 3, False)))
     for rule in setup.rules:
         for k in setup.draft_tokens:
             sampler = CSpDSampler(target, draft, draft_tokens=k, prefill_tokens=setup.prefill_tokens, rule=rule)
@@ -122,7 +124,10 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
              f"with different seeds, {setup.images} images each; a CSpD row is inside the noise floor when its "
              "FID/KID vs AR are comparable to these."),
              "tokens/s counts latent tokens (each drawn by a full denoising chain); the VAE decode is not timed.",
-             "outputs match: n/a, every method samples; lossless-ness is tested as equality in distribution."]
+             "outputs match: n/a, every method samples; lossless-ness is tested as equality in distribution.",
+             ("draft-only AR: the draft alone, one token per forward; its speedup is the target/draft per-token "
+              "latency ratio, the most any k-token round could gain with every draft accepted is about "
+              "(k + 1) / (k / ratio + 1).")]
     info = {"images": setup.images, "batch size": setup.batch_size, "temperature": setup.temperature,
             "prefill tokens": setup.prefill_tokens, "classes": len(CLASSES),
             "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}

@@ -1,10 +1,12 @@
 """Zoo entry `cspd`: a diffusers AutoencoderKL, a continuous-token AR target and a smaller draft, on the class images.
 
 Pipeline: train the KL autoencoder on the procedural class images, encode them into latent token maps (posterior
-means, scaled to unit std: the `scaling_factor` saved in the VAE's config), train the target and the draft
-`ContinuousAR` on those tokens (recipes with `distill_train` then distill the draft towards the target by the
-trajectory KL, on which CSpD's acceptance depends; the cpu recipe does not), and train a small timm classifier
-(the FID/KID feature extractor of the benchmark).
+means, scaled to unit std: the `scaling_factor` saved in the VAE's config), train the target `ContinuousAR` on
+those tokens, then the draft: recipes with `draft_head: "target"` give it a frozen copy of the target's head,
+`draft_train` trains it on the data, and `distill_train` distils it towards the target by the trajectory KL (on
+which CSpD's acceptance depends), on `distill_samples` target samples when set (the contexts the draft meets at
+inference, which a weak target's samples leave far from the data). Last, a small timm classifier (the FID/KID
+feature extractor of the benchmark).
 Every stage resumes from its checkpoint; batches and noise are pure functions of (seed, step).
 """
 
@@ -42,22 +44,26 @@ RECIPES = {
         "vae": {"block_out_channels": [8, 8, 8], "latent_channels": 2, "norm_num_groups": 4},
         "target": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "head_width": 16, "head_depth": 1,
                    "diffusion_steps": 2},
-        "draft": {"hidden_size": 8, "num_layers": 1, "num_heads": 1, "head_width": 8, "head_depth": 1,
+        "draft": {"hidden_size": 16, "num_layers": 1, "num_heads": 1, "head_width": 16, "head_depth": 1,
                   "diffusion_steps": 2},
+        "draft_head": "target", "distill_samples": 6,
         "vae_train": _train(3, 4, 1e-3, 1, 2), "target_train": _train(3, 4, 1e-3, 1, 2),
         "draft_train": _train(3, 4, 1e-3, 1, 2), "classifier_train": _train(3, 8, 1e-3, 1, 2),
         "distill_train": _train(2, 4, 1e-3, 1, 2),
         "classifier": "test_resnet", "eval_images": 4,
     },
-    "cpu": {  # about 4 minutes on one idle CPU core: 16 px images -> 4x4 latent tokens of 4 channels
+    "cpu": {  # about 10 minutes on one idle CPU core: 16 px images -> 4x4 latent tokens of 4 channels
+        # A deep narrow target (per-token latency on a CPU grows with depth, not width: the target/draft latency
+        # ratio of real pairs) and a 2-layer draft that shares the target's frozen head, distilled on target samples.
         "image_size": 16, "per_class": 150, "heldout_per_class": 20, "kl_weight": 1e-5, "head_repeats": 4,
         "vae": {"block_out_channels": [16, 32, 64], "latent_channels": 4, "norm_num_groups": 8},
-        "target": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "head_width": 128, "head_depth": 3,
+        "target": {"hidden_size": 64, "num_layers": 24, "num_heads": 4, "head_width": 128, "head_depth": 3,
                    "diffusion_steps": 4},
-        "draft": {"hidden_size": 48, "num_layers": 1, "num_heads": 2, "head_width": 48, "head_depth": 1,
+        "draft": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "head_width": 128, "head_depth": 3,
                   "diffusion_steps": 4},
-        "vae_train": _train(400, 32, 2e-3), "target_train": _train(600, 32, 1.5e-3),
-        "draft_train": _train(1200, 32, 3e-3), "classifier_train": _train(150, 64, 2e-3),
+        "draft_head": "target", "distill_samples": 3000,
+        "vae_train": _train(400, 32, 2e-3), "target_train": _train(1000, 32, 1e-3),
+        "distill_train": _train(2500, 32, 2e-3), "classifier_train": _train(150, 64, 2e-3),
         "classifier": "test_resnet", "eval_images": 20,
     },
     "gpu": {  # untested here: 64 px -> 8x8 tokens of 8 channels, MAR-B-like target
@@ -154,6 +160,34 @@ def decode(vae: AutoencoderKL, tokens: Tensor, batch_size: int = 256) -> Tensor:
     return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu()
 
 
+def share_head(draft: ContinuousAR, target: ContinuousAR) -> None:
+    """Give the draft a frozen copy of the target's denoising head, so training (distillation) only has to match
+    the target's feature z; the draft's hidden size must equal the target's and its head the target's shape."""
+    if draft.head.state_dict().keys() != target.head.state_dict().keys() or any(
+            a.shape != b.shape for a, b in zip(draft.head.state_dict().values(), target.head.state_dict().values())):
+        raise ValueError("draft_head: 'target' needs the draft's hidden_size, head_width and head_depth equal to "
+                         "the target's")
+    draft.head.load_state_dict(target.head.state_dict())
+    draft.head.requires_grad_(False)
+
+
+@torch.no_grad()
+def target_samples(target: ContinuousAR, count: int, path: Path, seed: int, batch_size: int = 250) -> dict[str, Tensor]:
+    """`count` class-balanced target-only samples {"latents", "labels"}, kept at `path` so a resumed build reuses them.
+
+    A draft distilled on data learns contexts the target seldom produces; on these it learns the target's own.
+    """
+    if path.is_file():
+        return torch.load(path)
+    labels = torch.arange(count) % len(CLASSES)
+    gen = torch.Generator().manual_seed(seed + 5)
+    latents = torch.cat([sample_ar(target.eval(), chunk, generator=gen).tokens for chunk in labels.split(batch_size)])
+    samples = {"latents": latents, "labels": labels}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(samples, path)
+    return samples
+
+
 def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     """Build the entry into `dest` (checkpoints in dest/work); returns the zoo.json record."""
     work = dest / "work"
@@ -180,12 +214,20 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     for offset, role in enumerate(("target", "draft"), start=1):
         torch.manual_seed(seed + offset)
         model = ContinuousAR(model_config(recipe, role))
-        config = _config(recipe[f"{role}_train"], seed + offset)
-        losses = train_causal_lm(model, _batches(data, config), config, work / role, desc=f"cspd/{role}",
-                                 progress=progress, loss_fn=ar_loss(recipe["head_repeats"]))
+        if role == "draft" and recipe.get("draft_head") == "target":
+            share_head(model, models["target"])
+        if recipe.get(f"{role}_train"):
+            config = _config(recipe[f"{role}_train"], seed + offset)
+            losses = train_causal_lm(model, _batches(data, config), config, work / role, desc=f"cspd/{role}",
+                                     progress=progress, loss_fn=ar_loss(recipe["head_repeats"]))
         if role == "draft" and recipe.get("distill_train"):  # then match the target's denoising (trajectory KL)
+            contexts = data
+            if recipe.get("distill_samples"):  # on the target's own samples: the contexts the draft meets in CSpD
+                contexts = target_samples(models["target"], recipe["distill_samples"], work / "target_samples.pt",
+                                          seed)
+                record["distill_samples"] = recipe["distill_samples"]
             config = _config(recipe["distill_train"], seed + 4)
-            losses = train_causal_lm(model, _batches(data, config), config, work / "distill", desc="cspd/distill",
+            losses = train_causal_lm(model, _batches(contexts, config), config, work / "distill", desc="cspd/distill",
                                      progress=progress, loss_fn=distill_loss(models["target"], recipe["head_repeats"]))
         model.save_pretrained(dest / role)
         with torch.no_grad():
@@ -225,4 +267,4 @@ def load(folder: str | Path, device: torch.device | str = "cpu") -> dict:
             "classifier": ImageFeatures.from_pretrained(folder / "classifier", device)}
 
 
-__all__ = ["RECIPES", "build", "decode", "encode", "load", "model_config"]
+__all__ = ["RECIPES", "build", "decode", "encode", "load", "model_config", "target_samples"]

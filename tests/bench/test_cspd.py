@@ -24,10 +24,11 @@ def test_bench_rows_cover_baseline_noise_floor_and_each_rule(models, tmp_path):
     report, images = bench_cspd(models, setup, command="test", description={}, grid_path=tmp_path / "grid.png",
                                 progress=False)
     names = [row.method for row in report.rows]
-    assert names[0] == "target-only AR" and "noise floor" in names[1] and len(names) == 4
+    assert names[0] == "target-only AR" and "noise floor" in names[1] and "draft-only" in names[2] and len(names) == 5
     tokens = models["target"].config.num_tokens
     assert all(row.new_tokens == 4 * tokens for row in report.rows)
-    assert all(row.mean_accepted >= 1.0 for row in report.rows[2:]) and report.rows[1].mean_accepted is None
+    assert all(row.mean_accepted >= 1.0 for row in report.rows[3:])
+    assert report.rows[1].mean_accepted is None and report.rows[2].mean_accepted is None
     assert all("FID vs AR" in row.extra for row in report.rows[1:]) and (tmp_path / "grid.png").is_file()
     assert all(pictures.shape == (4, 3, 16, 16) for pictures in images.values())
 

@@ -52,3 +52,26 @@ def test_loaded_models_decode_and_speculate(built):
     images = cspd.decode(models["vae"], out.tokens)
     assert images.shape == (3, 3, 16, 16) and images.dtype == torch.uint8
     assert models["classifier"].features(images).shape[0] == 3
+
+
+def test_draft_shares_the_targets_frozen_head_and_is_distilled_on_target_samples(built):
+    models, record = cspd.load(built), store.read_manifest(built)
+    target_head, draft_head = models["target"].head.state_dict(), models["draft"].head.state_dict()
+    assert all(torch.equal(target_head[name], draft_head[name]) for name in target_head)
+    assert record["distill_samples"] == 6 and record["draft"]["steps"] == cspd.RECIPES["tiny"]["distill_train"]["steps"]
+
+
+def test_target_samples_are_class_balanced_and_reused_on_resume(built, tmp_path):
+    target = cspd.load(built)["target"]
+    samples = cspd.target_samples(target, 12, tmp_path / "samples.pt", seed=0, batch_size=5)
+    assert samples["latents"].shape == (12, 16, 2) and samples["labels"].tolist() == [*range(10), 0, 1]
+    again = cspd.target_samples(target, 12, tmp_path / "samples.pt", seed=1)  # a resumed build: same file
+    assert torch.equal(again["latents"], samples["latents"])
+
+
+def test_share_head_rejects_a_draft_of_another_shape():
+    tiny = cspd.RECIPES["tiny"]
+    target = cspd.ContinuousAR(cspd.model_config(tiny, "target"))
+    other = cspd.ContinuousAR(cspd.model_config({**tiny, "draft": {**tiny["draft"], "hidden_size": 8}}, "draft"))
+    with pytest.raises(ValueError, match="hidden_size"):
+        cspd.share_head(other, target)

@@ -31,15 +31,7 @@ def sample_chain(head: Head, z: Tensor, noise: Tensor, temperature: float = 1.0)
 
     The log density omits the shared x_T factor (it cancels in every ratio specmm takes).
     """
-    x = noise[:, 0]
-    states, log_density = [x], z.new_zeros(z.shape[0])
-    for step, t in enumerate(range(head.steps, 0, -1), start=1):
-        mean, std = head.transition(x, torch.full((z.shape[0],), t, device=z.device), z)
-        std = temperature * std
-        x = mean + std * noise[:, step]
-        log_density = log_density + gaussian_log_density(x, mean, std)
-        states.append(x)
-    return torch.stack(states, 1), log_density
+    return head.sample(z, noise, temperature)
 
 
 def chain_log_density(head: Head, z: Tensor, trajectory: Tensor, temperature: float = 1.0) -> Tensor:

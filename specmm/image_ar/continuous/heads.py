@@ -26,9 +26,19 @@ class AdaLNBlock(nn.Module):
         nn.init.zeros_(self.modulation.weight)
         nn.init.zeros_(self.modulation.bias)
 
-    def forward(self, h: Tensor, cond: Tensor) -> Tensor:
+    def modulate(self, cond: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(shift, 1 + scale, 1 + gate) from the condition, each [..., W]."""
         shift, scale, gate = self.modulation(F.silu(cond)).chunk(3, dim=-1)
-        return h + gate.add(1.0) * self.mlp(self.norm(h) * (1 + scale) + shift)
+        return shift, scale + 1, gate + 1
+
+    def apply(self, h: Tensor, shift: Tensor, scale: Tensor, gate: Tensor) -> Tensor:
+        """h + gate · mlp(norm(h) · scale + shift), in functional calls (module calls dominate at small batch)."""
+        first, second = self.mlp[0], self.mlp[2]
+        x = torch.addcmul(shift, F.layer_norm(h, h.shape[-1:], eps=self.norm.eps), scale)
+        return torch.addcmul(h, gate, F.linear(F.silu(F.linear(x, first.weight, first.bias)), second.weight, second.bias))
+
+    def forward(self, h: Tensor, cond: Tensor) -> Tensor:
+        return self.apply(h, *self.modulate(cond))
 
 
 class DenoiserMLP(nn.Module):
@@ -48,6 +58,22 @@ class DenoiserMLP(nn.Module):
         for block in self.blocks:
             h = block(h, cond)
         return self.out(h)
+
+    def chain_modulations(self, z: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per block, the modulations of every step T..1 of a chain at once (each [M, T, W]): a chain then
+        runs only the token path per step, which is what costs at small batch (many tiny ops)."""
+        steps = torch.arange(self.step.num_embeddings - 1, 0, -1, device=z.device)  # T..1
+        cond = self.cond(z)[:, None] + self.step(steps)  # [M, T, W]
+        return [block.modulate(cond) for block in self.blocks]
+
+    def denoise(self, x: Tensor, modulations: list[tuple[Tensor, Tensor, Tensor]], index: int) -> Tensor:
+        """forward(x, t, z) at chain step `index` (t = T - index), from `chain_modulations(z)`."""
+        h = F.linear(x, self.inp.weight, self.inp.bias)
+        for block, (shift, scale, gate) in zip(self.blocks, modulations):
+            h = block.apply(h, shift[:, index], scale[:, index], gate[:, index])
+        norm, out = self.out
+        h = F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
+        return F.linear(h, out.weight, out.bias)
 
 
 class DDPMHead(nn.Module):
@@ -69,6 +95,9 @@ class DDPMHead(nn.Module):
         variance = betas.clone() if steps == 1 else torch.cat([variance[1:2], variance[1:]])
         for name, value in {"betas": betas, "alphas_cumprod": alphas_cumprod, "stds": variance.sqrt()}.items():
             self.register_buffer(name, value, persistent=False)  # float64: cast per use
+        # per step t (index t - 1), as Python floats: mean = keep * x_t - eps_scale * eps
+        keep, eps_scale = (1 - betas).rsqrt(), betas / ((1 - alphas_cumprod).sqrt() * (1 - betas).sqrt())
+        self._steps = [(float(a), float(b), float(c)) for a, b, c in zip(keep, eps_scale, variance.sqrt())]
 
     def transition(self, x_t: Tensor, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """Gaussian of x_{t-1} given x_t: (mean [M, C], std [M, 1])."""
@@ -77,6 +106,24 @@ class DDPMHead(nn.Module):
         eps = self.net(x_t, t, z)
         mean = (x_t - beta / (1 - alpha_bar).sqrt() * eps) / (1 - beta).sqrt()
         return mean, self.stds[i].to(x_t.dtype)[:, None]
+
+    def sample(self, z: Tensor, noise: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+        """The chain from noise [M, T+1, C] given z [M, H] -> (trajectory [M, T+1, C], log density [M]).
+
+        Same math as T calls of `transition`, with the step conditions computed once; the log density (without
+        the shared x_T factor) is read off the noise, since x_{t-1} = mean + std · noise exactly.
+        """
+        modulations = self.net.chain_modulations(z)
+        x = noise[:, 0]
+        states, log_std = [x], 0.0
+        for index, t in enumerate(range(self.steps, 0, -1)):
+            keep, eps_scale, std = self._steps[t - 1]
+            eps = self.net.denoise(x, modulations, index)
+            x = torch.add(x * keep, eps, alpha=-eps_scale).add_(noise[:, index + 1], alpha=temperature * std)
+            states.append(x)
+            log_std += math.log(temperature * std)
+        constant = self.token_dim * (log_std + 0.5 * self.steps * math.log(2 * math.pi))
+        return torch.stack(states, 1), -0.5 * noise[:, 1:].square().sum((1, 2)) - constant
 
     def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """ε-prediction MSE at a uniformly drawn step per token (x0 [M, C], z [M, H])."""
@@ -98,6 +145,15 @@ class GaussianHead(nn.Module):
     def transition(self, x_t: Tensor, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         mean, log_std = self.net(torch.zeros_like(x_t), t, z).chunk(2, dim=-1)
         return mean, log_std.clamp(-7.0, 3.0).exp()
+
+    def sample(self, z: Tensor, noise: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+        """x_0 = mean + temperature · std · noise[:, 1] -> (trajectory [M, 2, C], log density [M])."""
+        ones = torch.ones(z.shape[0], dtype=torch.long, device=z.device)
+        mean, std = self.transition(noise[:, 0], ones, z)
+        std = temperature * std
+        x = mean + std * noise[:, 1]
+        log_density = (-0.5 * noise[:, 1].square() - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return torch.stack([noise[:, 0], x], 1), log_density
 
     def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Gaussian negative log-likelihood per dimension."""
