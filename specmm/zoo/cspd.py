@@ -163,11 +163,11 @@ def decode(vae: AutoencoderKL, tokens: Tensor, batch_size: int = 256) -> Tensor:
 def share_head(draft: ContinuousAR, target: ContinuousAR) -> None:
     """Give the draft a frozen copy of the target's denoising head, so training (distillation) only has to match
     the target's feature z; the draft's hidden size must equal the target's and its head the target's shape."""
-    if draft.head.state_dict().keys() != target.head.state_dict().keys() or any(
-            a.shape != b.shape for a, b in zip(draft.head.state_dict().values(), target.head.state_dict().values())):
+    try:
+        draft.head.load_state_dict(target.head.state_dict())
+    except RuntimeError as error:  # missing keys or size mismatches
         raise ValueError("draft_head: 'target' needs the draft's hidden_size, head_width and head_depth equal to "
-                         "the target's")
-    draft.head.load_state_dict(target.head.state_dict())
+                         "the target's") from error
     draft.head.requires_grad_(False)
 
 
@@ -267,4 +267,4 @@ def load(folder: str | Path, device: torch.device | str = "cpu") -> dict:
             "classifier": ImageFeatures.from_pretrained(folder / "classifier", device)}
 
 
-__all__ = ["RECIPES", "build", "decode", "encode", "load", "model_config", "target_samples"]
+__all__ = ["RECIPES", "build", "decode", "encode", "load", "model_config", "share_head", "target_samples"]

@@ -35,7 +35,8 @@ class AdaLNBlock(nn.Module):
         """h + gate · mlp(norm(h) · scale + shift), in functional calls (module calls dominate at small batch)."""
         first, second = self.mlp[0], self.mlp[2]
         x = torch.addcmul(shift, F.layer_norm(h, h.shape[-1:], eps=self.norm.eps), scale)
-        return torch.addcmul(h, gate, F.linear(F.silu(F.linear(x, first.weight, first.bias)), second.weight, second.bias))
+        hidden = F.silu(F.linear(x, first.weight, first.bias))
+        return torch.addcmul(h, gate, F.linear(hidden, second.weight, second.bias))
 
     def forward(self, h: Tensor, cond: Tensor) -> Tensor:
         return self.apply(h, *self.modulate(cond))
@@ -93,19 +94,18 @@ class DDPMHead(nn.Module):
         previous = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
         variance = betas * (1 - previous) / (1 - alphas_cumprod)
         variance = betas.clone() if steps == 1 else torch.cat([variance[1:2], variance[1:]])
-        for name, value in {"betas": betas, "alphas_cumprod": alphas_cumprod, "stds": variance.sqrt()}.items():
+        # per step t (index t - 1): mean = keep * x_t - eps_scale * eps, the DDPM posterior mean under ε-prediction
+        keeps, eps_scales = (1 - betas).rsqrt(), betas / ((1 - alphas_cumprod).sqrt() * (1 - betas).sqrt())
+        for name, value in {"betas": betas, "alphas_cumprod": alphas_cumprod, "stds": variance.sqrt(),
+                            "keeps": keeps, "eps_scales": eps_scales}.items():
             self.register_buffer(name, value, persistent=False)  # float64: cast per use
-        # per step t (index t - 1), as Python floats: mean = keep * x_t - eps_scale * eps
-        keep, eps_scale = (1 - betas).rsqrt(), betas / ((1 - alphas_cumprod).sqrt() * (1 - betas).sqrt())
-        self._steps = [(float(a), float(b), float(c)) for a, b, c in zip(keep, eps_scale, variance.sqrt())]
+        # the same, as Python floats, for `sample` (every row of a chain is at the same step)
+        self._steps = [(float(a), float(b), float(c)) for a, b, c in zip(keeps, eps_scales, variance.sqrt())]
 
     def transition(self, x_t: Tensor, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
         """Gaussian of x_{t-1} given x_t: (mean [M, C], std [M, 1])."""
-        i = t - 1
-        beta, alpha_bar = self.betas[i].to(x_t.dtype)[:, None], self.alphas_cumprod[i].to(x_t.dtype)[:, None]
-        eps = self.net(x_t, t, z)
-        mean = (x_t - beta / (1 - alpha_bar).sqrt() * eps) / (1 - beta).sqrt()
-        return mean, self.stds[i].to(x_t.dtype)[:, None]
+        keep, eps_scale, std = (v[t - 1].to(x_t.dtype)[:, None] for v in (self.keeps, self.eps_scales, self.stds))
+        return keep * x_t - eps_scale * self.net(x_t, t, z), std
 
     def sample(self, z: Tensor, noise: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
         """The chain from noise [M, T+1, C] given z [M, H] -> (trajectory [M, T+1, C], log density [M]).
