@@ -138,7 +138,8 @@ def cmd_bench_cspd(args) -> int:
 
     setup = CSpDBenchSetup(images=args.images, batch_size=args.batch_size, draft_tokens=tuple(args.k),
                            rules=tuple(args.rules), prefill_tokens=args.prefill_tokens,
-                           temperature=args.temperature, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+                           temperature=args.temperature, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                           compile_heads=args.compile_heads)
     device = torch.device(args.device)
     models = cspd.load(zoo.build("cspd", args.scale), device)
     record = zoo.record("cspd", args.scale)
@@ -348,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--repeats", type=_positive_int, default=1)
     cs.add_argument("--warmup", type=int, default=0)
     cs.add_argument("--seed", type=int, default=0)
+    cs.add_argument("--compile-heads", action="store_true",
+                    help="torch.compile the denoising chains of target and draft (every row alike; compiled untimed)")
     cs.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     cs.add_argument("--out", default="benchmarks")
     cs.add_argument("--name", help="report file stem (default cspd-<scale>-<device>)")

@@ -8,6 +8,7 @@ expected to be identical (sampling); exactness in law is a test (tests/image_ar/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.image_ar.continuous import CSpDSampler, SampleStats, sample_ar
+from specmm.image_ar.continuous.heads import compile_chain
 from specmm.image_ar.continuous.metrics import fid, kid
 from specmm.machine import machine_info
 from specmm.zoo import cspd as zoo_cspd
@@ -34,6 +36,7 @@ class CSpDBenchSetup:
     repeats: int = 1
     warmup: int = 0
     seed: int = 0
+    compile_heads: bool = False  # torch.compile every denoising chain (all rows alike); compiled untimed first
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -60,9 +63,37 @@ def _generate(sample, labels: Tensor, batch_size: int, seed: int) -> tuple[Tenso
     return torch.cat(tokens), total
 
 
-def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dict) -> list[Method]:
+def cspd_samplers(models: dict, setup: CSpDBenchSetup) -> list[tuple[str, Callable, int, bool]]:
+    """(row name, sample(labels, generator), seed, speculative) per method."""
     target, draft, temperature = models["target"], models["draft"], setup.temperature
-    tokens_per_image = target.config.num_tokens
+    rows = [("target-only AR", lambda c, g: sample_ar(target, c, temperature=temperature, generator=g), setup.seed,
+             False),
+            ("target-only AR, 2nd seed (noise floor)",
+             lambda c, g: sample_ar(target, c, temperature=temperature, generator=g), setup.seed + 1, False),
+            ("draft-only AR (latency ratio)", lambda c, g: sample_ar(draft, c, temperature=temperature, generator=g),
+             setup.seed + 3, False)]
+    for rule in setup.rules:
+        for k in setup.draft_tokens:
+            sampler = CSpDSampler(target, draft, draft_tokens=k, prefill_tokens=setup.prefill_tokens, rule=rule)
+            rows.append((f"CSpD {rule} k={k}", lambda c, g, s=sampler: s.sample(c, temperature=temperature,
+                                                                              generator=g), setup.seed + 2, True))
+    return rows
+
+
+def compile_and_warm(models: dict, setup: CSpDBenchSetup, labels: Tensor, images: int = 4) -> None:
+    """Compile both heads' chains, then run every method untimed on a few images so that compilation (and the
+    recompile for a second row count, after which shapes are dynamic) happens before any timing."""
+    compile_chain(models["target"].head)
+    if models["draft"].head is not models["target"].head:
+        compile_chain(models["draft"].head)
+    gen = torch.Generator(device=labels.device).manual_seed(setup.seed)
+    for _name, sample, _seed, _speculative in cspd_samplers(models, setup):
+        for chunk in labels[:images].split(setup.batch_size):
+            sample(chunk, gen)
+
+
+def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dict) -> list[Method]:
+    tokens_per_image = models["target"].config.num_tokens
 
     def run(name: str, sample, seed: int, speculative: bool):
         def method() -> RunResult:
@@ -73,19 +104,8 @@ def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dic
                              stats.mean_accepted if speculative else None, extra)
         return method
 
-    methods = [Method("target-only AR", run("target-only AR", lambda c, g: sample_ar(
-        target, c, temperature=temperature, generator=g), setup.seed, False))]
-    methods.append(Method("target-only AR, 2nd seed (noise floor)", run("noise floor", lambda c, g: sample_ar(
-        target, c, temperature=temperature, generator=g), setup.seed + 1, False)))
-    methods.append(Method("draft-only AR (latency ratio)", run("draft only", lambda c, g: sample_ar(
-        draft, c, temperature=temperature, generator=g), setup.seed + 3, False)))
-    for rule in setup.rules:
-        for k in setup.draft_tokens:
-            sampler = CSpDSampler(target, draft, draft_tokens=k, prefill_tokens=setup.prefill_tokens, rule=rule)
-            name = f"CSpD {rule} k={k}"
-            methods.append(Method(name, run(name, lambda c, g, s=sampler: s.sample(c, temperature=temperature,
-                                                                                     generator=g), setup.seed + 2, True)))
-    return methods
+    return [Method(name, run(name, sample, seed, speculative))
+            for name, sample, seed, speculative in cspd_samplers(models, setup)]
 
 
 def sample_grid(images: dict[str, Tensor], columns: int, path: Path, cell: int = 64) -> Path:
@@ -107,6 +127,8 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
     device = next(models["target"].parameters()).device
     labels = (torch.arange(setup.images) % len(CLASSES)).to(device)
     store: dict = {}
+    if setup.compile_heads:
+        compile_and_warm(models, setup, labels, images=max(4, setup.batch_size))
     rows, _ = run_benchmark(cspd_methods(models, labels, setup, store), device, repeats=setup.repeats,
                             warmup=setup.warmup, progress=progress)
     images = {name: zoo_cspd.decode(models["vae"], tokens) for name, (tokens, _) in store.items()}
@@ -130,6 +152,7 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
               "(k + 1) / (k / ratio + 1).")]
     info = {"images": setup.images, "batch size": setup.batch_size, "temperature": setup.temperature,
             "prefill tokens": setup.prefill_tokens, "classes": len(CLASSES),
+            "denoising chains": "torch.compile (every row)" if setup.compile_heads else "eager",
             "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
     report = BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=notes,
                          machine=machine_info(device))

@@ -41,6 +41,7 @@ def test_cli_rejects_bad_arguments_before_work(capsys):
 def test_cli_writes_the_report(models, tmp_path):  # the fixture's SPECMM_HOME holds the tiny build
     out = tmp_path / "reports"
     assert main(["bench", "cspd", "--scale", "tiny", "--images", "2", "--batch-size", "2", "--k", "2", "--rules",
-                 "trajectory", "--out", str(out), "--name", "t"]) == 0
+                 "trajectory", "--compile-heads", "--out", str(out), "--name", "t"]) == 0
     data = json.loads((out / "t.json").read_text())
     assert data["rows"][0]["method"] == "target-only AR" and (out / "t-grid.png").is_file()
+    assert data["setup"]["denoising chains"].startswith("torch.compile")

@@ -1,6 +1,6 @@
 """Continuous-token AR image models (MAR-style per-token denoising head) and CSpD, continuous speculative decoding."""
 
-from specmm.image_ar.continuous.heads import DDPMHead, GaussianHead
+from specmm.image_ar.continuous.heads import DDPMHead, GaussianHead, compile_chain
 from specmm.image_ar.continuous.model import ContinuousAR, ContinuousARConfig
 from specmm.image_ar.continuous.rules import RULES, FinalStepRule, TrajectoryRule
 from specmm.image_ar.continuous.sampler import (
@@ -11,4 +11,4 @@ from specmm.image_ar.continuous.sampler import (
 )
 
 __all__ = ["RULES", "CSpDSampler", "ContinuousAR", "ContinuousARConfig", "DDPMHead", "FinalStepRule",
-           "GaussianHead", "SampleOutput", "SampleStats", "TrajectoryRule", "sample_ar"]
+           "GaussianHead", "SampleOutput", "SampleStats", "TrajectoryRule", "compile_chain", "sample_ar"]

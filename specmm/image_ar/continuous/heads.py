@@ -125,6 +125,14 @@ class DDPMHead(nn.Module):
         constant = self.token_dim * (log_std + 0.5 * self.steps * math.log(2 * math.pi))
         return torch.stack(states, 1), -0.5 * noise[:, 1:].square().sum((1, 2)) - constant
 
+    def final_transition(self, trajectory: Tensor, noise: Tensor, z: Tensor, temperature: float = 1.0
+                         ) -> tuple[Tensor, Tensor]:
+        """The last step's Gaussian (mean [M, C], std [M, 1]) of a chain `sample` ran from `noise` [M, T+1, C]:
+        read off x_0 = mean + temperature · std_1 · noise_1, so no network call (std_1 does not depend on z)."""
+        std = self._steps[0][2]
+        mean = torch.add(trajectory[:, -1], noise[:, -1], alpha=-temperature * std)
+        return mean, torch.full_like(mean[:, :1], std)
+
     def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """ε-prediction MSE at a uniformly drawn step per token (x0 [M, C], z [M, H])."""
         t = torch.randint(1, self.steps + 1, (x0.shape[0],), generator=generator, device=x0.device)
@@ -155,6 +163,11 @@ class GaussianHead(nn.Module):
         log_density = (-0.5 * noise[:, 1].square() - std.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
         return torch.stack([noise[:, 0], x], 1), log_density
 
+    def final_transition(self, trajectory: Tensor, noise: Tensor, z: Tensor, temperature: float = 1.0
+                         ) -> tuple[Tensor, Tensor]:
+        """The one step's Gaussian (mean, std [M, C]); its std depends on z, so this is a network call."""
+        return self.transition(trajectory[:, 0], torch.ones(z.shape[0], dtype=torch.long, device=z.device), z)
+
     def loss(self, x0: Tensor, z: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Gaussian negative log-likelihood per dimension."""
         mean, std = self.transition(x0, torch.ones(x0.shape[0], dtype=torch.long, device=x0.device), z)
@@ -162,3 +175,12 @@ class GaussianHead(nn.Module):
 
 
 Head = DDPMHead | GaussianHead
+
+
+def compile_chain(head: Head) -> Head:
+    """Route `head.sample` through `torch.compile`: at small batch a chain is a hundred-odd tiny ops whose dispatch,
+    not arithmetic, sets its latency; compiled (C++ wrapper, so no Python per kernel), a depth-3 T=4 chain takes
+    0.3 ms instead of 1.4 ms on a CPU core. The first row count is compiled static, a second one makes it dynamic.
+    Same math; results agree with the eager chain to float rounding. Returns the head."""
+    head.sample = torch.compile(head.sample, options={"cpp_wrapper": True})
+    return head

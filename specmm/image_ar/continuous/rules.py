@@ -92,9 +92,9 @@ class FinalStepRule:
         """log N(x; target final Gaussian) - log N(x; draft final Gaussian) at the drafted tokens x [B, k]."""
         b, k = drafts.log_density.shape
         aligned, _ = sample_chain(target, _flat(target_features), _flat(drafts.noise), temperature)  # shared noise
-        ones = torch.ones(b * k, dtype=torch.long, device=target_features.device)
-        mean_p, std_p = target.transition(aligned[:, -2], ones, _flat(target_features))
-        mean_q, std_q = draft.transition(_flat(drafts.trajectory)[:, -2], ones, _flat(drafts.features))
+        noise = _flat(drafts.noise)
+        mean_p, std_p = target.final_transition(aligned, noise, _flat(target_features), temperature)
+        mean_q, std_q = draft.final_transition(_flat(drafts.trajectory), noise, _flat(drafts.features), temperature)
         std_p, std_q = (temperature * std_p).expand_as(mean_p), (temperature * std_q).expand_as(mean_q)
         token = _flat(drafts.trajectory)[:, -1]
         ratio = gaussian_log_density(token, mean_p, std_p) - gaussian_log_density(token, mean_q, std_q)
