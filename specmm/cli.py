@@ -1,5 +1,5 @@
 """The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning`, `caption`,
-`train-drafter`, `sample-images`, `reason`."""
+`train-drafter`, `sample-images`, `sample-continuous`, `reason`."""
 
 from __future__ import annotations
 
@@ -407,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption.set_defaults(func=cmd_caption)
     from specmm.image_ar.cli import add_parser as add_sample_images
     add_sample_images(sub)
+    from specmm.image_ar.continuous.cli import add_parser as add_sample_continuous
+    add_sample_continuous(sub)
 
     from specmm.reasoning.cli import add_parsers as add_reasoning_parsers  # `reason`, `bench reasoning`
 

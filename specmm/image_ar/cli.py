@@ -59,15 +59,21 @@ def cmd_sample_images(args) -> int:
             image.save(name(c, i))
         forwards += sum(res.stats["target_forwards_per_row"])
         tokens += len(batch) * res.stats["tokens_per_row"]
-    from PIL import Image
-
-    image_grid([Image.open(name(*j)) for j in jobs], args.per_class).save(out / "grid.png")
     summary = {"method": args.method, "images": len(jobs), "sampled_now": len(todo),
                "step_compression_now": tokens / forwards if forwards else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"{len(todo)} new images ({len(jobs)} total) -> {out}; grid {out / 'grid.png'}"
-          + (f"; {summary['step_compression_now']:.2f} tokens per target forward" if forwards else ""))
+    finish_job(out, [name(*j) for j in jobs], args.per_class, summary, "step_compression_now")
     return 0
+
+
+def finish_job(out: Path, images: list[Path], columns: int, summary: dict, per_forward: str) -> None:
+    """Write the grid of every image of the job and summary.json; print a one-line report."""
+    from PIL import Image
+
+    image_grid([Image.open(path) for path in images], columns).save(out / "grid.png")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    rate = summary[per_forward]
+    print(f"{summary['sampled_now']} new images ({summary['images']} total) -> {out}; grid {out / 'grid.png'}"
+          + (f"; {rate:.2f} tokens per target forward" if rate is not None else ""))
 
 
 def add_parser(sub) -> None:
@@ -87,12 +93,17 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=2000)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=8)
+    add_job_arguments(p, batch_size=8)
+    p.set_defaults(func=cmd_sample_images)
+
+
+def add_job_arguments(p, batch_size: int) -> None:
+    """The options every image-sampling job shares: batch size, seed, output folder, resume, device."""
+    p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="keep the PNGs already in --out and sample the rest")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.set_defaults(func=cmd_sample_images)
 
 
-__all__ = ["add_parser", "cmd_sample_images", "image_grid"]
+__all__ = ["add_job_arguments", "add_parser", "finish_job", "cmd_sample_images", "image_grid", "parse_classes"]

@@ -27,6 +27,7 @@ from specmm.image_ar.continuous import (
     sample_ar,
 )
 from specmm.image_ar.continuous.distill import trajectory_kl_loss
+from specmm.image_ar.continuous.latents import decode, encode
 from specmm.image_ar.continuous.metrics import ImageFeatures, to_unit_range
 from specmm.zoo.class_images import CLASSES, class_dataset
 from specmm.zoo.lm_training import LMTrainConfig, train_causal_lm
@@ -143,22 +144,6 @@ def distill_loss(target: ContinuousAR, head_repeats: int):
 
 def classifier_loss(model: ImageFeatures, batch: dict[str, Tensor]) -> Tensor:
     return F.cross_entropy(model(batch["images"]), batch["labels"])
-
-
-@torch.no_grad()
-def encode(vae: AutoencoderKL, images: Tensor, batch_size: int = 256) -> Tensor:
-    """uint8 images [N, 3, H, W] -> unscaled latent tokens [N, h*w, C] (posterior means, raster order)."""
-    out = [vae.encode(to_unit_range(chunk)).latent_dist.mode() for chunk in images.split(batch_size)]
-    return torch.cat(out).flatten(2).transpose(1, 2)
-
-
-@torch.no_grad()
-def decode(vae: AutoencoderKL, tokens: Tensor, batch_size: int = 256) -> Tensor:
-    """Scaled latent tokens [N, h*w, C] -> uint8 images [N, 3, H, W]."""
-    grid = int(tokens.shape[1] ** 0.5)
-    latents = (tokens / vae.config.scaling_factor).transpose(1, 2).reshape(tokens.shape[0], -1, grid, grid)
-    images = torch.cat([vae.decode(c.to(vae.dtype)).sample for c in latents.split(batch_size)])
-    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu()
 
 
 def share_head(draft: ContinuousAR, target: ContinuousAR) -> None:
