@@ -19,9 +19,9 @@ from torch import Tensor
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.image_ar.continuous import CSpDSampler, SampleStats, sample_ar
 from specmm.image_ar.continuous.heads import compile_chain
+from specmm.image_ar.continuous.latents import decode
 from specmm.image_ar.continuous.metrics import fid, kid
 from specmm.machine import machine_info
-from specmm.zoo import cspd as zoo_cspd
 from specmm.zoo.class_images import CLASSES, to_pil
 
 
@@ -131,7 +131,7 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
         compile_and_warm(models, setup, labels, images=max(4, setup.batch_size))
     rows, _ = run_benchmark(cspd_methods(models, labels, setup, store), device, repeats=setup.repeats,
                             warmup=setup.warmup, progress=progress)
-    images = {name: zoo_cspd.decode(models["vae"], tokens) for name, (tokens, _) in store.items()}
+    images = {name: decode(models["vae"], tokens) for name, (tokens, _) in store.items()}
     features = {name: models["classifier"].features(pictures) for name, pictures in images.items()}
     reference = features["target-only AR"]
     for row, name in zip(rows, store):

@@ -32,6 +32,25 @@ def parse_classes(text: str, num_classes: int) -> list[int]:
     return classes
 
 
+def image_path(out: Path, label: int, index: int) -> Path:
+    return out / f"class{label:04d}_{index:03d}.png"
+
+
+def image_seed(seed: int, label: int, index: int) -> int:
+    """The noise seed of one image of a job (a function of the job seed, its class and its index)."""
+    return seed * 1_000_003 + label * 1000 + index
+
+
+def plan_job(out: Path, classes: list[int], per_class: int, resume: bool) -> tuple[list, list]:
+    """(every (class, index) of the job, those without a PNG in `out` yet); a folder that already holds images is
+    refused unless `resume`. Creates `out`."""
+    if out.exists() and any(out.glob("class*.png")) and not resume:
+        raise ValueError(f"--out: {out} already holds images; pass --resume to continue or pick a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(c, i) for c in classes for i in range(per_class)]
+    return jobs, [job for job in jobs if not image_path(out, *job).is_file()]
+
+
 def cmd_sample_images(args) -> int:
     from specmm.image_ar import ImageDrafter, LlamaGen
     from specmm.image_ar.methods import make_sampler
@@ -42,26 +61,20 @@ def cmd_sample_images(args) -> int:
     classes = parse_classes(args.classes, lg.config.num_classes)
     drafter = ImageDrafter.from_pretrained(args.drafter, lg.gpt) if args.drafter else None
     sampler = make_sampler(lg, args.method, drafter, delta=args.delta, lam=args.lam)
-    jobs = [(c, i) for c in classes for i in range(args.per_class)]
-    name = lambda c, i: out / f"class{c:04d}_{i:03d}.png"
-    if out.exists() and any(out.glob("class*.png")) and not args.resume:
-        raise ValueError(f"--out: {out} already holds images; pass --resume to continue or pick a new folder")
-    out.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs if not name(*j).is_file()]
+    jobs, todo = plan_job(out, classes, args.per_class, args.resume)
     forwards = tokens = 0
     for start in tqdm(range(0, len(todo), args.batch_size), desc=f"sample-images {args.method}"):
         batch = todo[start: start + args.batch_size]
-        generators = [torch.Generator(device=args.device).manual_seed(args.seed * 1_000_003 + c * 1000 + i)
-                      for c, i in batch]
+        generators = [torch.Generator(device=args.device).manual_seed(image_seed(args.seed, c, i)) for c, i in batch]
         res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generators)
         for (c, i), image in zip(batch, res.images):
-            image.save(name(c, i))
+            image.save(image_path(out, c, i))
         forwards += sum(res.stats["target_forwards_per_row"])
         tokens += len(batch) * res.stats["tokens_per_row"]
     summary = {"method": args.method, "images": len(jobs), "sampled_now": len(todo),
                "step_compression_now": tokens / forwards if forwards else None}
-    finish_job(out, [name(*j) for j in jobs], args.per_class, summary, "step_compression_now")
+    finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
     return 0
 
 
@@ -106,4 +119,5 @@ def add_job_arguments(p, batch_size: int) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
-__all__ = ["add_job_arguments", "add_parser", "finish_job", "cmd_sample_images", "image_grid", "parse_classes"]
+__all__ = ["add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_grid", "image_path",
+           "image_seed", "parse_classes", "plan_job"]

@@ -253,4 +253,4 @@ def load(folder: str | Path, device: torch.device | str = "cpu") -> dict:
             "classifier": ImageFeatures.from_pretrained(folder / "classifier", device)}
 
 
-__all__ = ["RECIPES", "build", "decode", "encode", "load", "model_config", "share_head", "target_samples"]
+__all__ = ["RECIPES", "build", "load", "model_config", "share_head", "target_samples"]

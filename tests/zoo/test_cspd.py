@@ -7,6 +7,7 @@ import torch
 
 from specmm import zoo
 from specmm.image_ar.continuous import CSpDSampler
+from specmm.image_ar.continuous.latents import decode
 from specmm.zoo import cspd, store
 
 
@@ -49,7 +50,7 @@ def test_loaded_models_decode_and_speculate(built):
     assert target.config.grid == 16 // 4 and target.config.token_dim == 2
     assert models["vae"].config.scaling_factor == pytest.approx(record["vae"]["scaling_factor"])
     out = CSpDSampler(target, draft, draft_tokens=3).sample(torch.arange(3), generator=torch.Generator().manual_seed(0))
-    images = cspd.decode(models["vae"], out.tokens)
+    images = decode(models["vae"], out.tokens)
     assert images.shape == (3, 3, 16, 16) and images.dtype == torch.uint8
     assert models["classifier"].features(images).shape[0] == 3
 

@@ -8,11 +8,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specmm.image_ar.cli import add_job_arguments, finish_job, parse_classes
-
-
-def _image_name(out: Path, label: int, index: int) -> Path:
-    return out / f"class{label:04d}_{index:03d}.png"
+from specmm.image_ar.cli import (
+    add_job_arguments,
+    finish_job,
+    image_path,
+    image_seed,
+    parse_classes,
+    plan_job,
+)
 
 
 def cmd_sample_continuous(args) -> int:
@@ -31,8 +34,6 @@ def cmd_sample_continuous(args) -> int:
         raise ValueError(f"--batch-size and --per-class: expected integers >= 1, got {args.batch_size}, "
                          f"{args.per_class}")
     out = Path(args.out)
-    if out.exists() and any(out.glob("class*.png")) and not args.resume:
-        raise ValueError(f"--out: {out} already holds images; pass --resume to continue or pick a new folder")
     target = ContinuousAR.from_pretrained(args.target, args.device)
     classes = parse_classes(args.classes, target.config.num_classes)
     if not (Path(args.vae) / "config.json").is_file():
@@ -43,25 +44,23 @@ def cmd_sample_continuous(args) -> int:
         draft = ContinuousAR.from_pretrained(args.draft, args.device)
         sampler = CSpDSampler(target, draft, draft_tokens=args.k, rule=args.rule, prefill_tokens=args.prefill_tokens)
     if args.compile_heads:
-        for model in (target, *([sampler.draft] if sampler else [])):
+        for model in (target, draft) if sampler else (target,):
             compile_chain(model.head)
 
-    jobs = [(c, i) for c in classes for i in range(args.per_class)]
-    todo = [job for job in jobs if not _image_name(out, *job).is_file()]
-    out.mkdir(parents=True, exist_ok=True)
+    jobs, todo = plan_job(out, classes, args.per_class, args.resume)
     method = f"cspd {args.rule} k={args.k}" if sampler else "ar"
     forwards = tokens = drafted = accepted = 0
     for start in tqdm(range(0, len(todo), args.batch_size), desc=f"sample-continuous {method}"):
         batch = todo[start: start + args.batch_size]
-        c0, i0 = batch[0]  # a batch's noise is a function of the seed and its first image
-        gen = torch.Generator(device=args.device).manual_seed(args.seed * 1_000_003 + c0 * 1000 + i0)
+        # one generator per batch (the sampler draws for all rows at once): seeded by the batch's first image
+        gen = torch.Generator(device=args.device).manual_seed(image_seed(args.seed, *batch[0]))
         labels = torch.tensor([c for c, _ in batch], device=args.device)
         if sampler:
             result = sampler.sample(labels, temperature=args.temperature, generator=gen)
         else:
             result = sample_ar(target, labels, temperature=args.temperature, generator=gen)
         for job, picture in zip(batch, to_pil(decode(vae, result.tokens))):
-            picture.save(_image_name(out, *job))
+            picture.save(image_path(out, *job))
         forwards += result.stats.row_forwards
         tokens += result.stats.new_tokens
         drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
@@ -69,13 +68,13 @@ def cmd_sample_continuous(args) -> int:
     summary = {"method": method, "images": len(jobs), "sampled_now": len(todo),
                "mean_accepted_now": tokens / forwards if forwards else None,
                "acceptance_rate_now": accepted / drafted if drafted else None}
-    finish_job(out, [_image_name(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
+    finish_job(out, [image_path(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
     return 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sample-continuous",
-                       help="sample images from a continuous-token AR model (ContinuousAR folder), with CSpD if --draft")
+                       help="sample images from a continuous-token AR model (ContinuousAR folder); CSpD if --draft")
     p.add_argument("--target", required=True, help="ContinuousAR folder (config.json + model.safetensors)")
     p.add_argument("--draft", help="smaller ContinuousAR folder of the same family: sample with CSpD")
     p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder (its config has the scaling factor)")

@@ -91,8 +91,8 @@ class FinalStepRule:
                   temperature: float) -> tuple[Tensor, tuple[Tensor, ...]]:
         """log N(x; target final Gaussian) - log N(x; draft final Gaussian) at the drafted tokens x [B, k]."""
         b, k = drafts.log_density.shape
-        aligned, _ = sample_chain(target, _flat(target_features), _flat(drafts.noise), temperature)  # shared noise
         noise = _flat(drafts.noise)
+        aligned, _ = sample_chain(target, _flat(target_features), noise, temperature)  # shared noise
         mean_p, std_p = target.final_transition(aligned, noise, _flat(target_features), temperature)
         mean_q, std_q = draft.final_transition(_flat(drafts.trajectory), noise, _flat(drafts.features), temperature)
         std_p, std_q = (temperature * std_p).expand_as(mean_p), (temperature * std_q).expand_as(mean_q)
