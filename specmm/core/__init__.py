@@ -6,13 +6,17 @@ from specmm.core.eagle import EagleDrafter, EagleHead
 from specmm.core.eagle_train import EagleTrainConfig, train_eagle
 from specmm.core.engine import GenerationOutput, GenerationStats, SpeculativeGenerator
 from specmm.core.sampling import SamplingConfig, process_logits
+from specmm.core.stats import (
+    CaptionExtras, ContinuousExtras, DiffusionExtras, ImageExtras, ReasoningExtras,
+)
 from specmm.core.target import HFCausalLMTarget, Target, TargetOutput, as_target, register_target_adapter
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 
 __all__ = [
     "EXACT", "AcceptanceRule", "AcceptResult", "ExactRule", "accept_greedy", "accept_sampled",
     "Drafter", "ModelDrafter", "PromptLookupDrafter", "EagleDrafter", "EagleHead", "EagleTrainConfig", "train_eagle",
-    "GenerationOutput", "GenerationStats", "SpeculativeGenerator", "SamplingConfig", "process_logits",
+    "GenerationOutput", "GenerationStats", "CaptionExtras", "ContinuousExtras", "DiffusionExtras", "ImageExtras",
+    "ReasoningExtras", "SpeculativeGenerator", "SamplingConfig", "process_logits",
     "HFCausalLMTarget", "Target", "TargetOutput", "as_target", "register_target_adapter",
     "DraftTree", "TreeSpec", "grow_tree",
 ]

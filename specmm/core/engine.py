@@ -11,44 +11,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, AcceptResult, accept_greedy, accept_sampled
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.stats import GenerationStats
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, select_generators
 from specmm.core.target import FEATURES, Target, as_target
 from specmm.core.tree import TreeSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationStats:
-    """Honest counters: forwards are batched calls; `mean_accepted` is tokens per target forward per row."""
-
-    target_forwards: int = 0  # verify forwards (batched); the prompt prefill is not counted
-    draft_forwards: int = 0  # drafter forwards (batched), prefill included
-    new_tokens: int = 0  # over all rows
-    wall_time_s: float = 0.0  # device-synchronised, prefill included
-    new_tokens_per_row: list[int] = field(default_factory=list)
-    target_forwards_per_row: list[int] = field(default_factory=list)  # verify forwards each row took part in
-    accepted_histogram: list[int] = field(default_factory=list)  # [n]: row-rounds that accepted n drafts
-
-    @property
-    def mean_accepted(self) -> float:
-        """Tokens committed per target forward and row, bonus token included (1.0 for plain decoding)."""
-        return self.new_tokens / max(sum(self.target_forwards_per_row), 1)
-
-    @property
-    def mean_accepted_per_row(self) -> list[float]:
-        return [n / max(f, 1) for n, f in zip(self.new_tokens_per_row, self.target_forwards_per_row)]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
 
 @dataclass
