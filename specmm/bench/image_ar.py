@@ -34,10 +34,10 @@ def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, samplin
         res = sampler.sample(torch.tensor(chunk), generator=gens, **sampling)
         images += res.images
         tokens.append(res.tokens.cpu())
-        forwards += sum(res.stats["target_forwards_per_row"])
-        seconds += res.stats["wall_time_s"]
-        moved += res.stats["moved_mass_total"]
-        drafts += res.stats["accepted_drafts"]
+        forwards += res.stats.row_forwards
+        seconds += res.stats.wall_time_s
+        moved += res.stats.moved_mass
+        drafts += res.stats.accepted_drafts
     all_tokens = torch.cat(tokens)
     return {"images": images, "tokens": all_tokens, "compression": all_tokens.numel() / forwards,
             "seconds": seconds, "moved": moved / max(drafts, 1)}

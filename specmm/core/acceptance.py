@@ -4,17 +4,35 @@ A rule decides one node at a time, like a diffusers scheduler decides one step: 
 is to be accepted under the current target distribution, and what the target distribution becomes after
 it is rejected. The tree walk (`accept_sampled`) is shared; relaxed rules (LANTERN, GSD) only replace the
 rule object. Draft tokens with `draft_probs=None` are point masses (deterministic top-k candidates).
+
+Glossary:
+- *exact rule*: the output has exactly the target's processed distribution (declared by `exact = True`).
+- *relaxed rule*: the output follows a relaxed distribution p'; the rule reports TV(p, p') as `moved_mass`.
+- *greedy behaviour* (`greedy`): what a rule does at temperature 0, declared, never inferred from its class:
+  `"argmax"` accepts a draft iff it is the target's argmax (the exact fast path), `"relaxed"` applies the
+  rule's documented `greedy_match`, `"refuse"` raises a ValueError before any forward (`greedy_hint` says
+  what to use instead).
+- *moved mass*: TV mass a relaxed rule moved onto an accepted draft. At temperature 0 the target is a point
+  mass, so accepting any token other than its argmax moves all of it (1.0 per such token).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from specmm.core.sampling import Generators, exponential, normalize, sample_with_noise, uniform
+from specmm.core.sampling import (
+    Generators,
+    SamplingConfig,
+    exponential,
+    normalize,
+    process_logits,
+    sample_with_noise,
+    uniform,
+)
 from specmm.core.tree import DraftTree
 
 
@@ -25,11 +43,27 @@ class AcceptResult:
     path: Tensor  # [B, D+1] tree node at each depth of the accepted path, root first (junk past num_accepted)
     num_accepted: Tensor  # [B] accepted draft tokens (0..D)
     next_token: Tensor  # [B] target token after the path: the bonus, or the correction after a rejection
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # rule's own, each [B] summed over accepted drafts
+
+
+GreedyBehaviour = Literal["argmax", "relaxed", "refuse"]
 
 
 @runtime_checkable
 class AcceptanceRule(Protocol):
-    """One node's decision. Shapes: target_probs [N, V], draft_probs [N, V] or None (point mass), tokens [N]."""
+    """One node's decision. Shapes: target_probs [N, V], draft_probs [N, V] or None (point mass), tokens [N].
+
+    A rule declares what it is: `exact` (lossless) and `greedy` (behaviour at temperature 0, see the
+    module glossary). The engine dispatches on these declarations, never on the rule's class.
+    """
+
+    exact: bool
+    greedy: GreedyBehaviour
+    tv_bound: float | None  # per-decision TV(p, p') bound for point-mass drafts, where the rule claims one
+
+    def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
+        """{name: [N]} what the rule records about each decision (e.g. moved_mass); {} for exact rules."""
+        ...
 
     def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
         """[N] bool: does the greedy target accept `tokens`?"""
@@ -51,6 +85,14 @@ class ExactRule:
     deterministic siblings can be tried in turn (EAGLE-2 / SpecInfer recursive rejection).
     """
 
+    exact: bool = True
+    greedy: GreedyBehaviour = "argmax"
+    greedy_hint = ""
+    tv_bound: float | None = 0.0
+
+    def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
+        return {}
+
     def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
         return target_logits.argmax(-1) == tokens
 
@@ -70,27 +112,57 @@ class ExactRule:
 EXACT = ExactRule()
 
 
+def check_rule(rule: AcceptanceRule, sampling: SamplingConfig) -> None:
+    """Raise ValueError before any work when `rule` refuses `sampling` (temperature 0 with greedy='refuse')."""
+    if sampling.greedy and rule.greedy == "refuse":
+        name = getattr(rule, "name", type(rule).__name__)
+        raise ValueError(f"acceptance: {name} is not defined at temperature 0. {rule.greedy_hint}".strip())
+
+
+def accept(tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rule: AcceptanceRule = EXACT,
+           generators: Generators = None) -> AcceptResult:
+    """Verify one tree per row: the greedy walk at temperature 0, else the sampled walk.
+
+    target_logits: [B, T, V] raw target logits after each node (processed here in the shared order).
+    """
+    if sampling.greedy:
+        check_rule(rule, sampling)
+        return accept_greedy(tree, target_logits, rule)
+    return accept_sampled(tree, process_logits(target_logits, sampling), rule, generators)
+
+
 def accept_greedy(tree: DraftTree, target_logits: Tensor, rule: AcceptanceRule = EXACT) -> AcceptResult:
     """Longest root-to-node path whose every token the greedy target accepts; fully vectorised.
 
-    target_logits: [B, T, V], row i holding the target's logits after node i.
+    target_logits: [B, T, V], row i holding the target's logits after node i. A rule declared
+    `greedy="argmax"` takes the argmax fast path; `greedy="relaxed"` applies its `greedy_match`, and every
+    accepted draft that is not the argmax is reported as moved mass 1 (the point mass moved).
     """
     batch, nodes, vocab = target_logits.shape
     parents = tree.parents.clamp_min(0)
-    if isinstance(rule, ExactRule):
-        parent_argmax = target_logits.argmax(-1).gather(1, parents)  # [B, T]
+    parent_argmax = target_logits.argmax(-1).gather(1, parents)  # [B, T]
+    if rule.greedy == "argmax":
         ok = tree.tokens == parent_argmax
-    else:
+    elif rule.greedy == "relaxed":
         parent_logits = target_logits.gather(1, parents[:, :, None].expand(batch, nodes, vocab))
         ok = rule.greedy_match(parent_logits.flatten(0, 1), tree.tokens.flatten()).view(batch, nodes)
+    else:
+        raise ValueError(f"acceptance: {type(rule).__name__} declares greedy={rule.greedy!r}; "
+                         "expected 'argmax' or 'relaxed' at temperature 0")
     ok = (ok & tree.valid) | (tree.parents < 0)
     accepted = ~((~ok)[:, None, :] & tree.ancestors).any(-1)  # [B, T]: every ancestor-or-self ok
     idx = torch.arange(nodes, device=ok.device)
     rank = tree.depth * nodes + (nodes - 1 - idx)  # deepest first, then lowest index
     best = torch.where(accepted, rank, -1).argmax(-1)  # [B]
     rows = torch.arange(batch, device=ok.device)
-    return AcceptResult(path=tree.path_to(best), num_accepted=tree.depth[rows, best],
-                        next_token=target_logits[rows, best].argmax(-1))
+    path = tree.path_to(best)
+    num_accepted = tree.depth[rows, best]
+    diagnostics = {}
+    if rule.greedy == "relaxed":
+        on_path = tree.ancestors[rows, best] & (tree.parents >= 0)  # [B, T] accepted drafts
+        diagnostics["moved_mass"] = (on_path & (tree.tokens != parent_argmax)).sum(1).float()
+    return AcceptResult(path=path, num_accepted=num_accepted, next_token=target_logits[rows, best].argmax(-1),
+                        diagnostics=diagnostics)
 
 
 def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule = EXACT,
@@ -98,7 +170,8 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
     """Walk each row's tree from the root, trying children in sibling order (recursive rejection).
 
     target_probs: [B, T, V] processed target distribution after each node. All random draws are made up
-    front (per row when per-row generators are given), so the walk has no host sync.
+    front (per row when per-row generators are given), so the walk has no host sync. A rule not declared
+    exact has its `diagnostics` recorded for every accepted draft, against the distribution it was tested on.
     """
     batch, nodes, vocab = target_probs.shape
     device = target_probs.device
@@ -110,6 +183,7 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
     current = torch.zeros(batch, dtype=torch.long, device=device)
     walking = torch.ones(batch, dtype=torch.bool, device=device)
     probs = target_probs[:, 0]  # [B, V] distribution the next child is tested against
+    recorded: dict[str, Tensor] = {}
     for level in range(depth_levels):
         moved = torch.zeros_like(walking)
         chosen = current.clone()
@@ -121,6 +195,9 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
             q = None if tree.draft_probs is None else tree.draft_probs[rows, node]
             accept = trying & (coins[:, level, j] < rule.accept_probability(probs, q, token))
             reject = trying & ~accept
+            if not rule.exact:
+                for name, value in rule.diagnostics(probs, q, token).items():
+                    recorded[name] = recorded.get(name, 0) + torch.where(accept, value.float(), 0.0)
             residual = normalize(rule.reject(probs, q, token))
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)  # no mass left: keep p
             probs = torch.where(reject[:, None], residual, probs)
@@ -130,4 +207,4 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
         probs = torch.where(moved[:, None], target_probs[rows, current], probs)
         walking &= moved
     return AcceptResult(path=tree.path_to(current), num_accepted=tree.depth[rows, current],
-                        next_token=sample_with_noise(probs, noise))
+                        next_token=sample_with_noise(probs, noise), diagnostics=recorded)

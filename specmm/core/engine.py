@@ -1,9 +1,13 @@
-"""SpeculativeGenerator: the draft -> verify -> accept -> commit loop over a ragged batch.
+"""SpeculativeGenerator: the public round step (draft -> verify -> accept -> commit) and the loop over it.
 
 The prompt minus its last token is prefilled; the last prompt token is the first round's root, so every
 generated token comes out of a verify forward and `mean_accepted` is exactly tokens per target forward.
-Rows accept different numbers of tokens (a length per row, no crop to the shortest row); rows that hit
-EOS or `max_new_tokens` leave the batch and stop costing compute.
+A target whose prompt is all conditioning (class labels, captions: `input_ids` of shape [B, 0] plus model
+inputs) returns the first token's logits from its prefill, and that token is drawn here, counted as one
+target forward. Rows accept different numbers of tokens (a length per row, no crop to the shortest row);
+rows that meet a stopping criterion (EOS, the budget, or a pluggable one) leave the batch.
+
+Modality packages drive the same step (`begin`, `step`, `select_rows`, `end`) instead of copying the loop.
 """
 
 from __future__ import annotations
@@ -11,17 +15,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from specmm.core.acceptance import EXACT, AcceptanceRule, AcceptResult, accept_greedy, accept_sampled
+from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.stats import GenerationStats
-from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, select_generators
 from specmm.core.target import FEATURES, Target, as_target
-from specmm.core.tree import TreeSpec
+from specmm.core.tree import DraftTree, TreeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +37,40 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-def _synchronize(device: torch.device) -> None:
+@dataclass
+class RoundOutput:
+    """What one round did for each live row (b rows, tree depth D)."""
+
+    tree: DraftTree | None  # the verified draft tree (None for a token drawn from a conditioning prefill)
+    path: Tensor  # [b, D+1] accepted path, root first (junk past num_accepted)
+    num_accepted: Tensor  # [b] accepted draft tokens
+    next_token: Tensor  # [b] the target's token after the path (bonus or correction): the next root
+    new_tokens: Tensor  # [b, D+1] accepted drafts, then next_token at index num_accepted (junk past it)
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # the rule's own, each [b] (e.g. moved_mass)
+
+
+@runtime_checkable
+class StoppingCriterion(Protocol):
+    """Says where rows stop inside a round's new tokens (EOS, a step delimiter, ...)."""
+
+    def __call__(self, new_tokens: Tensor, counts: Tensor, rows: Tensor) -> Tensor:
+        """[b, n] bool: the row stops right after this token. new_tokens: [b, n]; counts: [b] how many of them
+        are real (the rest is junk to ignore); rows: [b] each live row's index in the original batch."""
+        ...
+
+
+class EosCriterion:
+    """Stop after any of `eos_ids`."""
+
+    def __init__(self, eos_ids: Sequence[int], device: torch.device):
+        self.eos_ids = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+
+    def __call__(self, new_tokens: Tensor, counts: Tensor, rows: Tensor) -> Tensor:
+        return torch.isin(new_tokens, self.eos_ids)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device, so wall times are honest."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -65,22 +103,24 @@ class SpeculativeGenerator:
         self.drafter = drafter
 
     def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator,
-                      streamer) -> tuple[Tensor, Tensor, list[int]]:
+                      streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids: expected a [batch, length] LongTensor")
-        if input_ids.numel() == 0:
-            raise ValueError(f"input_ids: empty input of shape {tuple(input_ids.shape)}")
+        conditioned = input_ids.shape[1] == 0
+        if input_ids.shape[0] == 0 or (conditioned and not model_inputs):
+            raise ValueError(f"input_ids: empty input of shape {tuple(input_ids.shape)} (a [B, 0] prompt needs "
+                             "conditioning model inputs)")
         if input_ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"input_ids: expected integer token ids, got {input_ids.dtype}")
         vocab = self.target.vocab_size
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        if not conditioned and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
             raise ValueError(f"input_ids: token ids must be in [0, {vocab})")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask)
             raise ValueError(f"attention_mask: shape {shape} does not match input_ids {tuple(input_ids.shape)}")
-        if not bool(attention_mask[:, -1].bool().all()):
+        if not conditioned and not bool(attention_mask[:, -1].bool().all()):
             raise ValueError("attention_mask: the last column must be all ones (pad prompts on the left)")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
@@ -88,6 +128,7 @@ class SpeculativeGenerator:
             raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")
         if self.greedy_only and not sampling.greedy:
             raise ValueError("acceptance: 'greedy' needs sampling temperature 0; use 'exact' to sample")
+        check_rule(self.rule, sampling)
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         if any(not isinstance(e, int) or not 0 <= e < vocab for e in eos):
             raise ValueError(f"eos_token_id: expected ids in [0, {vocab}), got {eos_token_id!r}")
@@ -98,39 +139,91 @@ class SpeculativeGenerator:
         if streamer is not None and not (hasattr(streamer, "put") and hasattr(streamer, "end")):
             raise ValueError("streamer: expected an object with put() and end() (like transformers' TextStreamer)")
         device = self.target.device
-        return input_ids.to(device), attention_mask.to(device).long(), eos
+        return input_ids.to(device).long(), attention_mask.to(device).long(), eos
 
+    # ------------------------------------------------------------------ the round step
+    @torch.no_grad()
+    def begin(self, input_ids: Tensor, attention_mask: Tensor, sampling: SamplingConfig = GREEDY,
+              generators: Generators = None, **model_inputs) -> Tensor:
+        """Start a generation: prefill the target (and its conditioning) and the drafter.
+
+        Returns the first roots [B]: the prompt's last token, or, for a [B, 0] prompt of conditioning inputs
+        only, a token drawn from the target's prefill logits (the caller counts it as generated).
+        """
+        target, drafter = self.target, self.drafter
+        target.start(input_ids.shape[0], needs=drafter.needs)
+        if input_ids.shape[1] == 0:
+            prefill = target.prefill(input_ids, attention_mask, **model_inputs)
+            if prefill.next_logits is None:
+                raise ValueError(f"input_ids: {type(target).__name__} needs at least one prompt token")
+            logits = prefill.next_logits  # [B, V]
+            first = logits.argmax(-1) if sampling.greedy else sample(process_logits(logits, sampling), generators)
+            input_ids, attention_mask = first[:, None], torch.ones_like(first)[:, None]
+        else:
+            prefill = target.prefill(input_ids[:, :-1], attention_mask[:, :-1], **model_inputs)
+        drafter.start(input_ids, attention_mask, prefill)
+        return input_ids[:, -1]
+
+    @torch.no_grad()
+    def step(self, roots: Tensor, sampling: SamplingConfig = GREEDY, generators: Generators = None) -> RoundOutput:
+        """One round for the live rows: draft a tree under `roots` [b], verify it in one target forward,
+        accept a path per row, commit it to the target's cache and tell the drafter."""
+        target, drafter = self.target, self.drafter
+        tree = drafter.draft(roots, self.tree, sampling, generators)
+        verified = target.verify(tree)
+        result = accept(tree, verified.logits, sampling, self.rule, generators)
+        target.commit(result.path, result.num_accepted + 1)
+        path_features = None
+        if FEATURES in drafter.needs:
+            index = result.path[:, :, None].expand(*result.path.shape, verified.features.shape[-1])
+            path_features = verified.features.gather(1, index)
+        drafter.update(tree, result, path_features)
+        return RoundOutput(tree=tree, path=result.path, num_accepted=result.num_accepted,
+                           next_token=result.next_token, new_tokens=accepted_tokens(tree, result),
+                           diagnostics=result.diagnostics)
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only `rows` [b'] of the live batch in the target and the drafter (between rounds)."""
+        self.target.select_rows(rows)
+        self.drafter.select_rows(rows)
+
+    def end(self) -> None:
+        """Release per-generation state (the target's hooks and caches)."""
+        self.target.close()
+
+    # ------------------------------------------------------------------ the loop
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 64,
                  sampling: SamplingConfig = GREEDY, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None, generator: Generators = None, streamer=None,
-                 **model_inputs) -> GenerationOutput:
+                 stopping: Sequence[StoppingCriterion] = (), **model_inputs) -> GenerationOutput:
         """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L].
 
-        `model_inputs` (e.g. `pixel_values`) go to the target's prefill, for targets that take them.
+        `model_inputs` (e.g. `pixel_values`, or a conditioning-only target's conditions) go to the target's
+        prefill. `stopping` adds criteria to EOS and the budget.
         """
         input_ids, attention_mask, eos = self._check_inputs(
-            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator, streamer)
+            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator, streamer, model_inputs)
+        if any(not isinstance(c, StoppingCriterion) for c in stopping):
+            raise ValueError("stopping: expected StoppingCriterion callables (new_tokens, counts, rows) -> [b, n] bool")
         self.target.check_model_inputs(model_inputs)
         device = self.target.device
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-        batch = input_ids.shape[0]
-        _synchronize(device)
+        criteria = ([EosCriterion(eos, device)] if eos else []) + list(stopping)
+        synchronize(device)
         started = time.perf_counter()
         _stream_prompt(streamer, input_ids, attention_mask)
-
-        target, drafter = self.target, self.drafter
-        target.start(batch, needs=drafter.needs)
         try:
             out, counts, rounds, histogram, stats = self._loop(
-                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs)
+                input_ids, attention_mask, max_new_tokens, sampling, criteria, pad, generator, streamer,
+                model_inputs)
         finally:
-            target.close()  # removes any feature hook from the user's model
+            self.end()  # removes any feature hook from the user's model
         if streamer is not None:
             streamer.end()
-        _synchronize(device)
+        synchronize(device)
         stats.wall_time_s = time.perf_counter() - started
-        stats.draft_forwards = drafter.draft_forwards
+        stats.draft_forwards = self.drafter.draft_forwards
         stats.new_tokens_per_row = counts.tolist()
         stats.target_forwards_per_row = rounds.tolist()
         stats.new_tokens = sum(stats.new_tokens_per_row)
@@ -138,68 +231,60 @@ class SpeculativeGenerator:
         width = int(counts.max())
         return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
 
-    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs):
-        """Prefill, then draft -> verify -> accept -> commit until every row is done."""
-        target, drafter, device, batch = self.target, self.drafter, self.target.device, input_ids.shape[0]
-        prefill = target.prefill(input_ids[:, :-1], attention_mask[:, :-1], **model_inputs)
-        drafter.start(input_ids, attention_mask, prefill)
-        eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
-
+    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, criteria, pad, generator, streamer,
+              model_inputs):
+        """`begin`, then `step` until every row has stopped; counters stay on the device until the end."""
+        device, batch = self.target.device, input_ids.shape[0]
         # spare columns so a round's tokens can always be written past a row's count (then overwritten or cut)
         out = torch.full((batch, max_new_tokens + self.tree.depth + 1), pad, dtype=torch.long, device=device)
         counts = torch.zeros(batch, dtype=torch.long, device=device)  # new tokens per original row
-        rounds = torch.zeros(batch, dtype=torch.long, device=device)
-        active = torch.arange(batch, device=device)  # original row of each live row
-        roots, generators = input_ids[:, -1], generator
-        stats = GenerationStats()
+        rounds = torch.zeros(batch, dtype=torch.long, device=device)  # target forwards per original row
         histogram = torch.zeros(self.tree.depth + 1, dtype=torch.long, device=device)
-        while active.numel():
-            tree = drafter.draft(roots, self.tree, sampling, generators)
-            verified = target.verify(tree)
+        moved = torch.zeros((), device=device)
+        active = torch.arange(batch, device=device)  # original row of each live row
+        stats, generators = GenerationStats(), generator
+        roots = self.begin(input_ids, attention_mask, sampling, generators, **model_inputs)
+        if input_ids.shape[1] == 0:  # the conditioning prefill drew the first token
+            first = RoundOutput(tree=None, path=None, num_accepted=torch.zeros_like(roots), next_token=roots,
+                                new_tokens=roots[:, None])
             stats.target_forwards += 1
-            result = self._accept(tree, verified.logits, sampling, generators)
-            histogram += torch.bincount(result.num_accepted, minlength=histogram.numel())[: histogram.numel()]
-            new = accepted_tokens(tree, result)  # [b, D+1]
-            take, finished = self._truncate(new, result, max_new_tokens - counts[active], eos_ids)
-            steps = torch.arange(new.shape[1], device=device)
-            out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new, pad)
-            counts[active] += take
-            rounds[active] += 1
-            _stream_round(streamer, batch, active, new, take)
-
-            target.commit(result.path, result.num_accepted + 1)
-            path_features = None
-            if FEATURES in drafter.needs:
-                index = result.path[:, :, None].expand(*result.path.shape, verified.features.shape[-1])
-                path_features = verified.features.gather(1, index)
-            drafter.update(tree, result, path_features)
-            roots = result.next_token
-            if bool(finished.any()):
-                keep = (~finished).nonzero().flatten()
-                target.select_rows(keep)
-                drafter.select_rows(keep)
-                roots = roots[keep]
-                generators = select_generators(generators, keep.tolist())
-                active = active[keep]
+            roots, generators, active = self._record(first, out, counts, rounds, histogram, active, roots,
+                                                     generators, max_new_tokens, criteria, pad, streamer, batch)
+        while active.numel():
+            result = self.step(roots, sampling, generators)
+            stats.target_forwards += 1
+            if "moved_mass" in result.diagnostics:
+                moved += result.diagnostics["moved_mass"].sum()
+            roots, generators, active = self._record(result, out, counts, rounds, histogram, active,
+                                                     result.next_token, generators, max_new_tokens, criteria,
+                                                     pad, streamer, batch)
+        stats.moved_mass = float(moved)
         return out, counts, rounds, histogram, stats
 
-    def _accept(self, tree, logits: Tensor, sampling: SamplingConfig, generators: Generators) -> AcceptResult:
-        if sampling.greedy:
-            return accept_greedy(tree, logits, self.rule)
-        return accept_sampled(tree, process_logits(logits, sampling), self.rule, generators)
-
-    @staticmethod
-    def _truncate(new: Tensor, result: AcceptResult, remaining: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """How many of each row's new tokens to keep ([b]) and which rows are done ([b] bool)."""
-        take = torch.minimum(result.num_accepted + 1, remaining)
-        done = take >= remaining
-        if eos_ids.numel():
-            steps = torch.arange(new.shape[1], device=new.device)
-            is_eos = torch.isin(new, eos_ids) & (steps[None, :] < take[:, None])
-            hit = is_eos.any(1)
-            take = torch.where(hit, is_eos.to(torch.uint8).argmax(1) + 1, take)
+    def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
+                max_new_tokens, criteria, pad, streamer, batch):
+        """Write a round's kept tokens, apply the stopping criteria, and drop the rows that stopped."""
+        new = result.new_tokens  # [b, n]
+        histogram += torch.bincount(result.num_accepted, minlength=histogram.numel())[: histogram.numel()]
+        take = torch.minimum(result.num_accepted + 1, max_new_tokens - counts[active])
+        done = take >= max_new_tokens - counts[active]
+        steps = torch.arange(new.shape[1], device=new.device)
+        for criterion in criteria:
+            stops = criterion(new, take, active) & (steps[None, :] < take[:, None])
+            hit = stops.any(1)
+            take = torch.where(hit, stops.to(torch.uint8).argmax(1) + 1, take)
             done = done | hit
-        return take, done
+        out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new, out.new_tensor(pad))
+        counts[active] += take
+        rounds[active] += 1
+        _stream_round(streamer, batch, active, new, take)
+        if bool(done.any()):
+            keep = (~done).nonzero().flatten()
+            self.select_rows(keep)
+            roots = roots[keep]
+            generators = select_generators(generators, keep.tolist())
+            active = active[keep]
+        return roots, generators, active
 
 
 def _stream_prompt(streamer, input_ids: Tensor, attention_mask: Tensor) -> None:

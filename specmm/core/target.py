@@ -150,6 +150,7 @@ class PrefillOutput:
     features: Tensor | None = None  # [B, L-1, H] last-layer features, when the drafter needs them
     inputs_embeds: Tensor | None = None  # [B, L-1, H] merged input embeddings (VLMs: image rows are vision features)
     extras: dict = field(default_factory=dict)  # adapter-specific: image masks, rope deltas, attention scores
+    next_logits: Tensor | None = None  # [B, V] first token's logits, for a prompt of conditioning inputs only
 
 
 FEATURES, INPUTS_EMBEDS = "features", "inputs_embeds"

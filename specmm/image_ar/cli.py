@@ -70,8 +70,8 @@ def cmd_sample_images(args) -> int:
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generators)
         for (c, i), image in zip(batch, res.images):
             image.save(image_path(out, c, i))
-        forwards += sum(res.stats["target_forwards_per_row"])
-        tokens += len(batch) * res.stats["tokens_per_row"]
+        forwards += res.stats.row_forwards
+        tokens += res.stats.new_tokens
     summary = {"method": args.method, "images": len(jobs), "sampled_now": len(todo),
                "step_compression_now": tokens / forwards if forwards else None}
     finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")

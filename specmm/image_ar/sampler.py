@@ -1,7 +1,8 @@
 """ImageSampler: class- or caption-conditional image sampling with a proposer and an acceptance rule.
 
-The guided target prefills the condition and samples image token 0; the core `SpeculativeGenerator` runs the
-rest (ragged rows, per-row generators). `proposer="ar"` is the plain one-token-per-forward baseline.
+The core `SpeculativeGenerator` runs everything through its public round step: the guided target's conditioning
+prefill gives image token 0, then rounds of draft -> verify -> accept (ragged rows, per-row generators).
+`proposer="ar"` is the plain one-token-per-forward baseline.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from specmm.core.acceptance import AcceptanceRule, AcceptResult, ExactRule
-from specmm.core.engine import SpeculativeGenerator, _synchronize
-from specmm.core.sampling import Generators, SamplingConfig, process_logits
+from specmm.core.acceptance import AcceptanceRule
+from specmm.core.engine import SpeculativeGenerator, synchronize
+from specmm.core.sampling import Generators, SamplingConfig
+from specmm.core.stats import GenerationStats, ImageExtras
 from specmm.core.tree import TreeSpec
 from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern
-from specmm.image_ar.autoregressive import draw, generate_ar
+from specmm.image_ar.autoregressive import generate_ar
 from specmm.image_ar.drafter import ImageDrafter
 from specmm.image_ar.jacobi import JacobiProposer
 from specmm.image_ar.llamagen.model import LlamaGen
@@ -32,27 +34,7 @@ RULES = {"exact": Exact, "sjd": SJD}
 class ImageSample:
     images: list[Image.Image]
     tokens: Tensor  # [B, N] image tokens (raster order)
-    stats: dict = field(default_factory=dict)
-
-
-class _RecordingGenerator(SpeculativeGenerator):
-    """The core loop, plus a record of the target mass a relaxed rule moved onto each accepted draft."""
-
-    moved: list[Tensor]  # per round, summed at the end (no host sync in the loop)
-
-    def _accept(self, tree, logits: Tensor, sampling: SamplingConfig, generators: Generators) -> AcceptResult:
-        result = super()._accept(tree, logits, sampling, generators)
-        if hasattr(self.rule, "moved_mass") and not isinstance(self.rule, SJD):
-            probs = logits.float().softmax(-1) if sampling.greedy else process_logits(logits, sampling)
-            batch, depth = result.path.shape[0], result.path.shape[1] - 1
-            nodes = result.path[:, 1:]  # [B, D]
-            parents = result.path[:, :-1]
-            tokens = tree.tokens.gather(1, nodes)
-            parent_probs = probs.gather(1, parents[:, :, None].expand(-1, -1, probs.shape[-1]))  # [B, D, V]
-            moved = self.rule.moved_mass(parent_probs.flatten(0, 1), tokens.flatten()).view(batch, depth)
-            keep = torch.arange(depth, device=moved.device)[None, :] < result.num_accepted[:, None]
-            self.moved.append((moved * keep).sum())
-        return result
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
 def _to_pil(images: Tensor) -> list[Image.Image]:
@@ -78,7 +60,7 @@ class ImageSampler:
             raise ValueError(f"acceptance: {type(acceptance).__name__} is not an acceptance rule")  # noqa: TRY004
         if isinstance(acceptance, (Lantern, GSD)):
             acceptance.bind(lg.vq.quantize.codebook().detach())
-        self.rule: ExactRule = acceptance
+        self.rule: AcceptanceRule = acceptance
         if isinstance(proposer, ImageDrafter):
             self.proposer = proposer.bind(self.target)
             self.tree = tree or TreeSpec.dynamic(depth=4, top_k=4, total_tokens=16)
@@ -114,30 +96,30 @@ class ImageSampler:
         batch, n = conditions.shape[0], self.lg.config.block_size
         if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != batch:
             raise ValueError(f"generator: expected one generator or {batch} (one per row), got {len(generator)}")
-        device = self.target.device
-        _synchronize(device)
-        started = time.perf_counter()
-        max_nodes = 1 if self.tree is None else self.tree.num_nodes
-        first_logits = self.target.begin(conditions, cfg_scale, self.cfg_interval, max_nodes, caption_mask)
-        moved: list[Tensor] = []
+        conditioning = dict(conditions=conditions, cfg_scale=cfg_scale, cfg_interval=self.cfg_interval,
+                            max_nodes=1 if self.tree is None else self.tree.num_nodes, caption_mask=caption_mask)
+        prompt = torch.zeros(batch, 0, dtype=torch.long, device=self.target.device)
         if self.proposer is None or n == 1:
-            tokens = generate_ar(self.target, first_logits, n, sampling, generator)
-            forwards, histogram = [n] * batch, [n - 1] * (n > 1)
+            tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
-            first = draw(first_logits, sampling, generator)
-            gen = _RecordingGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule)
-            gen.moved = moved
-            out = gen.generate(first[:, None], max_new_tokens=n - 1, sampling=sampling, generator=generator)
-            tokens = out.sequences[:, : n]
-            forwards = [f + 1 for f in out.stats.target_forwards_per_row]  # + the condition prefill
-            histogram = out.stats.accepted_histogram
-        _synchronize(device)
-        wall = time.perf_counter() - started
+            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule)
+            out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
+            tokens, stats = out.sequences[:, :n], out.stats
+        stats.image = ImageExtras(tokens_per_row=n)
         images = _to_pil(self.lg.decode(tokens)) if decode else []
-        drafts_accepted = sum(i * h for i, h in enumerate(histogram))
-        stats = {"target_forwards_per_row": forwards, "tokens_per_row": n,
-                     "step_compression": batch * n / max(sum(forwards), 1), "wall_time_s": wall,
-                     "target_forwards": max(forwards), "accepted_histogram": list(histogram),
-                     "moved_mass_total": float(sum(moved)) if moved else 0.0, "accepted_drafts": drafts_accepted,
-                     "moved_mass_per_accepted_draft": float(sum(moved)) / drafts_accepted if moved and drafts_accepted else 0.0}
         return ImageSample(images=images, tokens=tokens, stats=stats)
+
+    def _sample_ar(self, prompt: Tensor, conditioning: dict, n: int, sampling: SamplingConfig,
+                   generator: Generators) -> tuple[Tensor, GenerationStats]:
+        """Plain decoding, one target forward per token: the baseline, with the same stats."""
+        device, batch = self.target.device, prompt.shape[0]
+        synchronize(device)
+        started = time.perf_counter()
+        self.target.start(batch)
+        first_logits = self.target.prefill(prompt, prompt, **conditioning).next_logits
+        tokens = generate_ar(self.target, first_logits, n, sampling, generator)
+        synchronize(device)
+        stats = GenerationStats(target_forwards=n, new_tokens=batch * n, wall_time_s=time.perf_counter() - started,
+                                new_tokens_per_row=[n] * batch, target_forwards_per_row=[n] * batch,
+                                accepted_histogram=[batch * n])
+        return tokens, stats

@@ -8,8 +8,6 @@ the cache slots right after them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -18,8 +16,13 @@ from specmm.core.tree import DraftTree
 from specmm.image_ar.llamagen.gpt import KVCache, LlamaGenGPT
 
 
+CONDITIONING = ("conditions", "cfg_scale", "cfg_interval", "max_nodes", "caption_mask")
+
+
 class GuidedTarget:
-    """A core `Target` over a LlamaGen GPT; call `begin(conditions, cfg_scale)` before the engine runs."""
+    """A core `Target` over a LlamaGen GPT. Its prompt is all conditioning: the engine gets `input_ids` of
+    shape [B, 0] and the model inputs `conditions` (class ids [B] or caption embeddings [B, T, D]),
+    `cfg_scale`, `cfg_interval`, `max_nodes` (largest tree to reserve cache slots for) and `caption_mask`."""
 
     provides = frozenset({FEATURES})
 
@@ -33,10 +36,32 @@ class GuidedTarget:
         self.last_logits: Tensor | None = None  # [B, T, V] combined logits of the last verify (Jacobi reads them)
 
     # ------------------------------------------------------------------ setup
+    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
+        unknown = set(needs) - self.provides
+        if unknown:
+            raise ValueError(f"drafter: needs {sorted(unknown)} which GuidedTarget does not provide")
+        self.needs, self.batch, self.cache = frozenset(needs), batch, None
+
+    def check_model_inputs(self, model_inputs: dict) -> None:
+        unknown = sorted(set(model_inputs) - set(CONDITIONING))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not an input of GuidedTarget (takes {', '.join(CONDITIONING)})")
+        if "conditions" not in model_inputs:
+            raise ValueError("conditions: GuidedTarget needs class ids or caption embeddings as `conditions`")
+
     @torch.no_grad()
-    def begin(self, conditions: Tensor, cfg_scale: float = 1.0, cfg_interval: int = -1, max_nodes: int = 64,
-              caption_mask: Tensor | None = None) -> Tensor:
-        """Prefill the condition tokens of both guidance halves; returns combined logits [B, V] of image token 0."""
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, conditions: Tensor | None = None,
+                cfg_scale: float = 1.0, cfg_interval: int = -1, max_nodes: int = 64,
+                caption_mask: Tensor | None = None) -> PrefillOutput:
+        """Prefill the condition tokens of both guidance halves (the public conditioning hook).
+
+        input_ids: [B, 0] (there is no token before image token 0). Returns the features of the last
+        condition position and the combined logits [B, V] of image token 0 as `next_logits`.
+        """
+        if input_ids.shape[1] != 0 or conditions is None:
+            raise ValueError("input_ids: GuidedTarget takes an empty [B, 0] prompt plus `conditions`")
+        if conditions.shape[0] != self.batch:
+            raise ValueError(f"conditions: {conditions.shape[0]} rows for a batch of {self.batch}")
         c = self.config
         self.cfg_scale, self.cfg_interval, self.guided = float(cfg_scale), int(cfg_interval), cfg_scale > 1.0
         batch = conditions.shape[0]
@@ -57,27 +82,9 @@ class GuidedTarget:
         rope = self.gpt.rope[:cls].expand(rows, -1, -1, -1)
         features = self.gpt.hidden(embeds, rope, attend[:, None], self.cache, slots.expand(rows, cls))
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] committed image tokens
-        self.prefill_features = self._pack(features[:, -1:])  # [B, 1, F]
-        return self._combine(self.gpt.logits(features[:, -1:]), torch.zeros(batch, 1, dtype=torch.long,
-                                                                              device=self.device))[:, 0]
-
-    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
-        if self.cache is None or batch != self.batch:
-            raise ValueError("target: call begin(conditions, cfg_scale) for this batch before generating")
-        unknown = set(needs) - self.provides
-        if unknown:
-            raise ValueError(f"drafter: needs {sorted(unknown)} which GuidedTarget does not provide")
-        self.needs = frozenset(needs)
-
-    def check_model_inputs(self, model_inputs: dict) -> None:
-        if model_inputs:
-            raise ValueError(f"{', '.join(sorted(model_inputs))}: pass conditions to GuidedTarget.begin instead")
-
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
-        """The condition was prefilled by `begin`; the engine's prompt is only the first image token."""
-        if input_ids.shape[1] != 0:
-            raise ValueError("input_ids: the engine prompt must be the first image token only ([B, 1])")
-        return PrefillOutput(features=self.prefill_features)
+        first = self._combine(self.gpt.logits(features[:, -1:]),
+                              torch.zeros(batch, 1, dtype=torch.long, device=self.device))[:, 0]
+        return PrefillOutput(features=self._pack(features[:, -1:]), next_logits=first)  # [B, 1, F], [B, V]
 
     def close(self) -> None:
         return None

@@ -49,7 +49,7 @@ def _check(lg, sampler) -> None:
     wanted = torch.cat([wanted[big], wanted[~big].sum()[None]])
     assert counts[expected == 0].sum() == 0  # nothing outside the top-k support
     assert chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
-    assert out.stats["step_compression"] > 1.0  # drafts were really accepted
+    assert out.stats.step_compression > 1.0  # drafts were really accepted
 
 
 def test_sjd_jacobi_samples_target_distribution(model):

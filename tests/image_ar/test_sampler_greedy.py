@@ -19,7 +19,7 @@ def test_jacobi_greedy_equals_ar_with_guidance(lg, reference, init):
     out = ImageSampler(lg, proposer="jacobi", init=init, window=6).sample(CONDITIONS, cfg_scale=3.0, temperature=0.0,
                                                                           decode=False)
     assert torch.equal(out.tokens, reference.tokens)
-    assert sum(out.stats["target_forwards_per_row"]) < 3 * 16 or out.stats["step_compression"] >= 1.0
+    assert out.stats.new_tokens == 3 * 16 and out.stats.mean_accepted == 3 * 16 / out.stats.row_forwards
 
 
 @pytest.mark.parametrize("tree", [TreeSpec.chain(3), TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8),
@@ -56,7 +56,7 @@ def test_relaxed_rules_at_zero_knobs_equal_exact_when_sampling(lg, relaxed, prop
     torch.manual_seed(0)
     relaxed_out = run(relaxed)
     assert torch.equal(exact.tokens, relaxed_out.tokens)
-    assert relaxed_out.stats["moved_mass_per_accepted_draft"] == 0.0
+    assert relaxed_out.stats.moved_mass == 0.0
 
 
 def test_images_and_stats(lg):
@@ -64,4 +64,5 @@ def test_images_and_stats(lg):
                                                                generator=torch.Generator().manual_seed(0))
     assert len(out.images) == 2 and out.images[0].size == (lg.image_size, lg.image_size)
     assert out.tokens.shape == (2, 16)
-    assert all(1 <= f <= 16 for f in out.stats["target_forwards_per_row"])
+    assert all(1 <= f <= 16 for f in out.stats.target_forwards_per_row)
+    assert sum(out.stats.accepted_histogram) == out.stats.row_forwards

@@ -4,6 +4,9 @@ G(x) holds the tokens ranked near x by the target (a rank window), whose probabi
 (gap < p_gap) and whose code vector is close to x's (squared distance < d_max, calibrated on the model's
 own codebook by `calibrate`). On rejection the point-wise residual norm(max(p - q, 0)) is used, as
 upstream. A window of 1 gives singleton groups: the exact rule.
+
+Declared greedy behaviour: "relaxed": at temperature 0 a draft x is accepted when the target's argmax is in
+G(x) (groups built from the temperature-1 distribution); each accepted x other than the argmax is moved mass 1.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from specmm.core.acceptance import ExactRule
 
 class GSD(ExactRule):
     name = "gsd"
+    greedy = "relaxed"
+    tv_bound = None  # no per-decision TV bound is claimed (the point-wise residual is upstream's choice)
 
     def __init__(self, window: int = 14, p_gap: float = 0.15, d_max: float | None = None,
                  embeddings: Tensor | None = None, quantile: float = 0.05):
@@ -28,6 +33,16 @@ class GSD(ExactRule):
             raise ValueError(f"quantile: expected in (0, 1], got {quantile!r}")
         self.window, self.p_gap, self.d_max, self.embeddings = window, float(p_gap), d_max, embeddings
         self.quantile = quantile
+
+    @property
+    def exact(self) -> bool:
+        """Singleton groups (window 1, or no probability gap allowed) make GSD the exact rule."""
+        return self.window == 1 or self.p_gap == 0.0 or self.d_max == 0.0
+
+    def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
+        group = self.group(target_probs, tokens)
+        moved = (target_probs * group).sum(-1) - target_probs.gather(-1, tokens[:, None])[:, 0]
+        return {"moved_mass": moved, "group_size": group.sum(-1).float()}
 
     def bind(self, codebook: Tensor, quantile: float | None = None) -> GSD:
         """Use the L2-normalised codebook as the token embedding; set d_max to a quantile of pair distances."""

@@ -42,6 +42,15 @@ class Lantern(RelaxedRule):
             raise ValueError(f"delta: expected a TV budget in [0, 1], got {delta!r}")
         self.k, self.delta, self.neighbours = k, float(delta), neighbours
 
+    @property
+    def exact(self) -> bool:
+        return self.delta == 0.0
+
+    @property
+    def tv_bound(self) -> float | None:
+        """TV(p, p') <= delta per decision, for deterministic (point-mass) drafts."""
+        return self.delta
+
     def bind(self, codebook: Tensor) -> Lantern:
         """Compute the neighbour table from the VQ codebook [K, D] (once per model)."""
         if self.neighbours is None or self.neighbours.shape[0] != codebook.shape[0]:

@@ -20,5 +20,14 @@ class LanternPP(Lantern):
         super().__init__(k=k, delta=1.0, neighbours=neighbours)
         self.lam = float(lam)
 
+    @property
+    def exact(self) -> bool:
+        return self.lam == 1.0
+
+    @property
+    def tv_bound(self) -> float | None:
+        """No additive bound: the claim is multiplicative, p'(x) <= lambda p(x)."""
+        return None
+
     def budget(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         return (self.lam - 1.0) * target_probs.gather(-1, tokens[:, None])[:, 0]

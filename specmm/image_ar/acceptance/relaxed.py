@@ -13,9 +13,19 @@ from specmm.core.acceptance import ExactRule
 
 
 class RelaxedRule(ExactRule):
-    """Subclasses define `moved_set(target_probs, tokens) -> [N, V] bool` (never containing the token)."""
+    """Subclasses define `moved_set(target_probs, tokens) -> [N, V] bool` (never containing the token) and
+    `exact` (True when their knobs are at zero).
+
+    Declared greedy behaviour: "relaxed". At temperature 0 a draft x is accepted when it is the argmax of
+    p' built from the temperature-1 distribution (x's own mass plus the moved set's), and each accepted x
+    other than the target's argmax is reported as moved mass 1.
+    """
 
     name = "relaxed"
+    greedy = "relaxed"
+
+    def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
+        return {"moved_mass": self.moved_mass(target_probs, tokens)}
 
     def moved_set(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         raise NotImplementedError
