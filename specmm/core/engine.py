@@ -47,6 +47,7 @@ class RoundOutput:
     next_token: Tensor  # [b] the target's token after the path (bonus or correction): the next root
     new_tokens: Tensor  # [b, D+1] accepted drafts, then next_token at index num_accepted (junk past it)
     diagnostics: dict[str, Tensor] = field(default_factory=dict)  # the rule's own, each [b] (e.g. moved_mass)
+    target_logits: Tensor | None = None  # [b, T, V] raw verify logits after each tree node (None for a first token)
 
 
 @runtime_checkable
@@ -180,7 +181,7 @@ class SpeculativeGenerator:
         drafter.update(tree, result, path_features)
         return RoundOutput(tree=tree, path=result.path, num_accepted=result.num_accepted,
                            next_token=result.next_token, new_tokens=accepted_tokens(tree, result),
-                           diagnostics=result.diagnostics)
+                           diagnostics=result.diagnostics, target_logits=verified.logits)
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` [b'] of the live batch in the target and the drafter (between rounds)."""
