@@ -267,7 +267,8 @@ def cmd_caption(args) -> int:
     svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
     summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                              resume=args.resume, sampling=sampling, prompt=args.prompt or DEFAULT_PROMPT)
-    print(f"captioned {summary.captioned}, skipped {summary.skipped}, unreadable {summary.errors}; "
+    done = summary.caption
+    print(f"captioned {done.captioned}, skipped {done.skipped}, unreadable {done.errors}; "
           f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
           f"-> {args.out}")
     return 0

@@ -17,7 +17,8 @@ from PIL import Image
 from torch import Tensor
 
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
-from specmm.image_ar.continuous import CSpDSampler, SampleStats, sample_ar
+from specmm.core.stats import GenerationStats
+from specmm.image_ar.continuous import CSpDSampler, sample_ar
 from specmm.image_ar.continuous.heads import compile_chain
 from specmm.image_ar.continuous.latents import decode
 from specmm.image_ar.continuous.metrics import fid, kid
@@ -50,16 +51,14 @@ class CSpDBenchSetup:
             raise ValueError(f"draft_tokens: expected integers >= 1, got {self.draft_tokens}")
 
 
-def _generate(sample, labels: Tensor, batch_size: int, seed: int) -> tuple[Tensor, SampleStats]:
+def _generate(sample, labels: Tensor, batch_size: int, seed: int) -> tuple[Tensor, GenerationStats]:
     """Tokens [N, T, C] in batches, one generator for the whole run; stats summed over batches."""
     gen = torch.Generator(device=labels.device).manual_seed(seed)
-    tokens, total = [], SampleStats()
+    tokens, total = [], GenerationStats()
     for chunk in labels.split(batch_size):
         out = sample(chunk, gen)
         tokens.append(out.tokens)
-        for name in ("target_forwards", "draft_forwards", "new_tokens", "row_forwards", "drafted", "accepted",
-                     "residual_proposals", "fallbacks"):
-            setattr(total, name, getattr(total, name) + getattr(out.stats, name))
+        total.add(out.stats)
     return torch.cat(tokens), total
 
 
@@ -99,7 +98,8 @@ def cspd_methods(models: dict, labels: Tensor, setup: CSpDBenchSetup, store: dic
         def method() -> RunResult:
             tokens, stats = _generate(sample, labels, setup.batch_size, seed)
             store[name] = (tokens, stats)
-            extra = {"accept rate": f"{stats.acceptance_rate:.2f}", "fallbacks": stats.fallbacks} if speculative else {}
+            cont = stats.continuous
+            extra = {"accept rate": f"{cont.acceptance_rate:.2f}", "fallbacks": cont.fallbacks} if speculative else {}
             return RunResult([[0] * tokens_per_image for _ in range(tokens.shape[0])],
                              stats.mean_accepted if speculative else None, extra)
         return method

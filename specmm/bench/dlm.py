@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
-from specmm.diffusion_lm import DecodeStats, generate
+from specmm.core.stats import GenerationStats
+from specmm.diffusion_lm import generate
 from specmm.machine import machine_info
 
 
@@ -63,18 +64,15 @@ def bench_dlm(model, prompt_ids: torch.Tensor, continuation_ids: torch.Tensor, s
     batches = prompt_ids.split(setup.batch_size)
     reports, outputs = [], {}
     for cache in setup.caches:
-        stats: dict[str, DecodeStats] = {}
+        stats: dict[str, GenerationStats] = {}
 
         def runner(name: str, kwargs: dict, cache=cache, stats=stats):
             def run() -> RunResult:
-                total, rows = DecodeStats(), []
+                total, rows = GenerationStats(), []
                 for ids in batches:
                     out = generate(model, ids, setup.gen_length, setup.block_length, cache=cache, **kwargs)
                     rows += out.sequences[:, ids.shape[1]:].tolist()
-                    total.forwards += out.stats.forwards
-                    total.forward_rows += out.stats.forward_rows
-                    total.new_tokens += out.stats.new_tokens
-                    total.forwards_per_row += out.stats.forwards_per_row
+                    total.add(out.stats)
                 stats[name] = total
                 return RunResult(rows, total.mean_accepted)
             return run
@@ -85,8 +83,9 @@ def bench_dlm(model, prompt_ids: torch.Tensor, continuation_ids: torch.Tensor, s
         truth = continuation_ids[:, : setup.gen_length].cpu()
         for row in rows:
             out, st = torch.tensor(results[row.method].rows), stats[row.method]
-            row.extra = {"forwards": st.forwards, "forward reduction": f"{stats['stepwise'].forwards / st.forwards:.2f}x",
-                         "rows/forward": f"{st.forward_rows / st.forwards:.1f}",
+            forwards, baseline = st.target_forwards, stats["stepwise"].target_forwards
+            row.extra = {"forwards": forwards, "forward reduction": f"{baseline / forwards:.2f}x",
+                         "rows/forward": f"{st.diffusion.forward_rows / forwards:.1f}",
                          "agreement w/ stepwise": f"{(out == reference).float().mean().item():.3f}",
                          "held-out accuracy": f"{(out == truth).float().mean().item():.3f}"}
             if judge is not None:

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 import specmm
 from specmm.bench.harness import BenchReport, BenchRow
+from specmm.core.stats import GenerationStats
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
 from specmm.reasoning import (
@@ -57,6 +58,7 @@ class MethodResult:
     draft_token_share: float
     new_tokens: int
     target_forwards: int
+    mean_accepted: float | None  # tokens per target forward per row (None without target forwards)
     completions: list[list[int]]
 
     @property
@@ -66,25 +68,21 @@ class MethodResult:
 
 @dataclass
 class Tally:
-    """One method's running totals over the batches it has run so far."""
+    """One method's running totals over the batches it has run so far (stats summed with `add`)."""
 
     completions: list[list[int]] = field(default_factory=list)
     wall_s: float = 0.0
     batches: int = 0
-    checked: int = 0  # draft steps a policy decided on
-    kept: int = 0
-    draft_tokens: int = 0
-    tokens: int = 0
-    target_forwards: int = 0
-    step_level: bool = True
+    stats: GenerationStats = field(default_factory=GenerationStats)  # `reasoning` extras for step-level methods
 
     def result(self, name: str, problems, tokenizer) -> MethodResult:
         acc, se = _accuracy(self.completions, problems, tokenizer)
-        nan = math.nan
-        return MethodResult(name, acc, se, self.wall_s, self.batches,
-                            self.kept / self.checked if self.checked else nan,
-                            self.draft_tokens / max(self.tokens, 1) if self.step_level else nan, self.tokens,
-                            self.target_forwards, self.completions)
+        stats, steps, nan = self.stats, self.stats.reasoning, math.nan
+        acceptance = steps.step_acceptance if steps is not None else None
+        return MethodResult(name, acc, se, self.wall_s, self.batches, nan if acceptance is None else acceptance,
+                            steps.draft_tokens / max(stats.new_tokens, 1) if steps is not None else nan,
+                            stats.new_tokens, stats.target_forwards,
+                            stats.mean_accepted if stats.target_forwards else None, self.completions)
 
 
 def _synced(device: torch.device) -> float:
@@ -112,12 +110,7 @@ def step_method(models, policy, setup: ReasoningBenchSetup, device, inner: int |
         tally.wall_s += _synced(device) - begin
         tally.batches += 1
         tally.completions += out.completions
-        decisions = [d for row in out.decisions for d in row if d is not None]
-        tally.checked, tally.kept = tally.checked + len(decisions), tally.kept + sum(decisions)
-        mask = out.completion_mask.bool()
-        tally.draft_tokens += int((out.source[mask] == 0).sum())
-        tally.tokens += int(mask.sum())
-        tally.target_forwards += out.counters["target_forwards"]
+        tally.stats.add(out.stats)
     return run
 
 
@@ -129,7 +122,6 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device):
     sampling = specmm.SamplingConfig(temperature=setup.temperature)
 
     def run(problems, start: int, tally: Tally) -> None:
-        tally.step_level = False
         enc = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True)
         begin = _synced(device)
         out = gen.generate(enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
@@ -140,8 +132,7 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device):
         for row in out.sequences[:, enc["input_ids"].shape[1]:].tolist():
             tally.completions.append(row[: row.index(tokenizer.eos_token_id) + 1]
                                      if tokenizer.eos_token_id in row else row)
-        tally.tokens += out.stats.new_tokens
-        tally.target_forwards += out.stats.target_forwards
+        tally.stats.add(out.stats)
     return run
 
 
@@ -190,7 +181,7 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
         within = abs(r.accuracy - base.accuracy) <= base.stderr
         rows.append(BenchRow(
             method=r.name, tokens_per_s=r.new_tokens / r.wall_s, speedup=base.latency_s / r.latency_s,
-            mean_accepted=r.new_tokens / max(r.target_forwards, 1) if r.target_forwards else None,
+            mean_accepted=r.mean_accepted,
             matched=r.completions == base.completions, new_tokens=r.new_tokens, median_s=r.latency_s,
             extra={"accuracy": f"{r.accuracy:.3f} ± {r.stderr:.3f}", "within 1 SE of target": "yes" if within else "no",
                    "step acceptance": "-" if math.isnan(r.acceptance) else f"{r.acceptance:.2f}",
@@ -200,7 +191,8 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
         ("speedup = target-only latency / method latency (latency = measured wall-clock per batch, device-"
         "synchronised, after one warm-up batch of every method; methods interleaved batch by batch, random "
         "controls in a second interleaved pass); 'median s' holds that mean latency per batch."),
-        "'mean accepted' here = new tokens per target forward (judge prefills and regenerations included).",
+        ("'mean accepted' = new tokens per target forward per row (judge forwards and regenerations count as "
+         "target forwards)."),
         "'outputs match' compares every completion with target-only's; step-level methods are lossy by design.",
         "accuracy: exact answer check on held-out ChainArith problems, ± binomial standard error.",
         "random(p=...) escalates each step with probability p = 1 - the matched policy's measured acceptance.",

@@ -25,9 +25,13 @@ class ImageExtras:
 
 @dataclass
 class ContinuousExtras:
-    """Continuous-token AR (CSpD): drafts tested against the target and the residual sampler's work."""
+    """Continuous-token AR (CSpD): drafts tested against the target and the residual sampler's work.
 
-    drafted: int = 0  # drafted tokens that were verified
+    `accepted` equals the parent's `accepted_drafts`; it sits beside `drafted` so the rate reads off one object.
+    Plain AR (`sample_ar`) fills zeros.
+    """
+
+    drafted: int = 0  # drafted tokens that were verified (inside the image)
     accepted: int = 0  # of which accepted
     residual_proposals: int = 0  # candidates drawn by the residual sampler
     fallbacks: int = 0  # residual draws that hit max_proposals and fell back to a plain target sample
@@ -39,7 +43,11 @@ class ContinuousExtras:
 
 @dataclass
 class DiffusionExtras:
-    """Diffusion LMs: forwards over candidate states and cache refreshes."""
+    """Diffusion LMs: a forward may run several candidate states per row, and some forwards refresh a cache.
+
+    The parent's `target_forwards` counts every batched model call (cache refreshes and SSD's seeding
+    forward included); `accepted_histogram[n]` counts row-iterations that committed n + 1 tokens.
+    """
 
     full_forwards: int = 0  # uncached forwards (cache refreshes when a cache is on)
     forward_rows: int = 0  # sequences processed over all forwards (candidate states included)
@@ -47,13 +55,26 @@ class DiffusionExtras:
 
 @dataclass
 class ReasoningExtras:
-    """Step-level speculation: steps, who wrote them and what judging cost."""
+    """Step-level speculation: steps, who wrote them and what judging cost.
+
+    The parent's `target_forwards` counts every target call (generation, judging, inner speculation), so
+    `mean_accepted` is committed tokens per target forward per row. Its `accepted_histogram` stays empty:
+    steps, not token rounds, are the unit of acceptance here.
+    """
 
     steps: int = 0
-    draft_steps: int = 0  # steps kept from the draft model
-    target_steps: int = 0  # steps the target (re)generated
-    judge_forwards: int = 0
-    draft_tokens: int = 0  # committed tokens written by the draft model
+    draft_steps: int = 0  # steps kept from the draft (checked and kept, or unchecked under draft-only)
+    target_steps: int = 0  # steps the target wrote (regenerated, or target-only)
+    checked_steps: int = 0  # draft steps a policy decided on (0 when nothing is checked)
+    draft_tokens: int = 0  # committed tokens written by the draft
+    discarded_draft_tokens: int = 0  # draft tokens of rejected steps
+    judge_forwards: int = 0  # batched target forwards that judged draft steps
+    judge_tokens: int = 0  # tokens those forwards ran (pending tail, draft step, judge suffix)
+
+    @property
+    def step_acceptance(self) -> float | None:
+        """Kept share of checked draft steps (None when none was checked)."""
+        return self.draft_steps / self.checked_steps if self.checked_steps else None
 
 
 @dataclass
@@ -62,7 +83,7 @@ class CaptionExtras:
 
     captioned: int = 0  # images captioned by this call
     skipped: int = 0  # images already in the output (resume)
-    errors: int = 0  # items written as error lines
+    errors: int = 0  # unreadable images written as error lines by this call
 
 
 EXTRAS = {"image": ImageExtras, "continuous": ContinuousExtras, "diffusion": DiffusionExtras,
@@ -154,5 +175,14 @@ class GenerationStats:
         for name in EXTRAS:
             extra = getattr(self, name)
             if extra is not None:
-                out[name] = {f.name: getattr(extra, f.name) for f in fields(extra)}
+                out[name] = _extra_summary(extra)
         return out
+
+
+def _extra_summary(extra) -> dict:
+    """An extra's fields, then its derived figures (its properties, e.g. `acceptance_rate`)."""
+    out = {f.name: getattr(extra, f.name) for f in fields(extra)}
+    for name, value in vars(type(extra)).items():
+        if isinstance(value, property):
+            out[name] = getattr(extra, name)
+    return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specmm.core.stats import GenerationStats
 from specmm.diffusion_lm.adapters import as_diffusion_lm
 from specmm.diffusion_lm.parallel import (
     decode_parallel,
@@ -21,7 +22,7 @@ from specmm.diffusion_lm.parallel import (
     threshold_rule,
     top_k_rule,
 )
-from specmm.diffusion_lm.runner import CACHE_MODES, DecodeStats, Runner
+from specmm.diffusion_lm.runner import CACHE_MODES, Runner
 from specmm.diffusion_lm.selection import CONFIDENCES
 from specmm.diffusion_lm.ssd import decode_ssd
 
@@ -32,7 +33,7 @@ LOSSLESS = ("stepwise", "ssd")
 @dataclass
 class DiffusionOutput:
     sequences: Tensor  # [B, prompt_len + gen_length]: the prompt as given, then the generated tokens
-    stats: DecodeStats
+    stats: GenerationStats  # with `diffusion` extras; every row commits gen_length tokens
 
 
 def _context_limit(model) -> int | None:
@@ -106,5 +107,6 @@ def generate(model, input_ids: Tensor, gen_length: int = 128, block_length: int 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     runner.stats.wall_time_s = time.perf_counter() - started
+    runner.stats.new_tokens_per_row = [gen_length] * input_ids.shape[0]
     runner.stats.new_tokens = input_ids.shape[0] * gen_length
     return DiffusionOutput(x, runner.stats)

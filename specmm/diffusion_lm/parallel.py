@@ -73,7 +73,7 @@ def decode_parallel(runner: Runner, x: Tensor, rule: CommitRule, confidence: str
         conf, tokens = scores(logits, mask_id, confidence)
         commit = rule(conf, tokens, masked, logits, step) & masked
         x[rows, p:] = torch.where(commit, tokens, gen)
-        runner.stats.committed(commit.sum(-1))
+        runner.committed(commit.sum(-1))
         rows = rows[(x[rows, p:] == mask_id).any(-1)]
         step += 1
     return x

@@ -7,43 +7,22 @@ read the prefix K/V. The cache is replaced, never written in place, so candidate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
+from specmm.core.stats import DiffusionExtras, GenerationStats
 from specmm.diffusion_lm.model import PrefixCache, _positions
 from specmm.diffusion_lm.selection import blocks
 
 CACHE_MODES = (None, "prefix")
 
 
-@dataclass
-class DecodeStats:
-    """Counters: a forward is one batched model call; rows are the sequences it processed."""
-
-    forwards: int = 0
-    full_forwards: int = 0  # uncached forwards (cache refreshes when a cache is on)
-    forward_rows: int = 0  # sequences processed over all forwards (candidate states included)
-    new_tokens: int = 0
-    forwards_per_row: list[int] = field(default_factory=list)  # forwards each input row took part in
-    accepted_histogram: list[int] = field(default_factory=list)  # [n]: row-iterations that committed n tokens
-    wall_time_s: float = 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Tokens committed per forward and row (1.0 for stepwise decoding)."""
-        return self.new_tokens / max(sum(self.forwards_per_row), 1)
-
-    def committed(self, counts: Tensor) -> None:
-        for c in counts.tolist():
-            while len(self.accepted_histogram) <= c:
-                self.accepted_histogram.append(0)
-            self.accepted_histogram[c] += 1
-
-
 class Runner:
-    """Logits [n, G, V] of the generated region for states of given input rows, with counting and caching."""
+    """Logits [n, G, V] of the generated region for states of given input rows, with counting and caching.
+
+    `stats` counts every batched model call as a target forward (each one yields the logits tokens are
+    committed from) and the forwards each input row took part in.
+    """
 
     def __init__(self, model, input_ids: Tensor, attention_mask: Tensor | None, gen_length: int, block_length: int,
                  cache: str | None):
@@ -53,14 +32,24 @@ class Runner:
         self.attention_mask = None if attention_mask is None else torch.cat((attention_mask.long(), pad), dim=1)
         self.positions = _positions(self.attention_mask, torch.cat((input_ids, pad), dim=1))  # [B, L]
         self.cache: PrefixCache | None = None
-        self.stats = DecodeStats(forwards_per_row=[0] * b)
+        self.stats = GenerationStats(target_forwards_per_row=[0] * b, diffusion=DiffusionExtras())
 
     def _count(self, rows: Tensor, full: bool) -> None:
-        self.stats.forwards += 1
-        self.stats.full_forwards += int(full)
-        self.stats.forward_rows += rows.numel()
+        self.stats.target_forwards += 1
+        self.stats.diffusion.full_forwards += int(full)
+        self.stats.diffusion.forward_rows += rows.numel()
         for r in rows.unique().tolist():
-            self.stats.forwards_per_row[r] += 1
+            self.stats.target_forwards_per_row[r] += 1
+
+    def committed(self, counts: Tensor) -> None:
+        """Record one iteration of rows that committed counts [n] tokens (>= 1 each): the first is the one
+        stepwise decoding would commit, the rest are accepted drafts (`accepted_histogram[counts - 1]`)."""
+        histogram, counts = self.stats.accepted_histogram, counts.tolist()
+        if counts and min(counts) < 1:
+            raise RuntimeError(f"a decoding iteration committed no token in a live row: {counts}")
+        for c in counts:
+            histogram.extend([0] * (c - len(histogram)))
+            histogram[c - 1] += 1
 
     def _mask(self, rows: Tensor) -> Tensor | None:
         return None if self.attention_mask is None else self.attention_mask[rows]

@@ -97,7 +97,7 @@ def decode_ssd(runner: Runner, x: Tensor, draft_size: int, tree_width: int, conf
         pick = torch.arange(n, device=x.device)
         x[rows, p:] = states[pick, index]
         conf, tokens = c_conf[pick, index], c_tok[pick, index]
-        runner.stats.committed(committed)
+        runner.committed(committed)
         alive = (x[rows, p:] == mask_id).any(-1)
         rows, conf, tokens = rows[alive], conf[alive], tokens[alive]
         if runner.cache_mode is not None and rows.numel():  # a row that entered a new block refreshes its cache

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specmm.core.stats import GenerationStats
+
 DRAFT, TARGET = 0, 1  # values of `source`
 
 
@@ -28,9 +30,8 @@ class RolloutBatch:
     scores: list[list[float]]  # per row and step: the policy's score (nan when nothing was scored)
     decisions: list[list[bool | None]]  # per row and step: draft step kept (True), regenerated (False), None: no check
     exact: bool  # every token sampled from the target's own distribution
-    counters: dict = field(default_factory=dict)
+    stats: GenerationStats = field(default_factory=GenerationStats)  # with `reasoning` extras; wall time included
     phase_time_s: dict = field(default_factory=dict)  # device-synchronised wall time per phase
-    wall_time_s: float = 0.0
 
     @property
     def completions(self) -> list[list[int]]:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.sampling import GREEDY, SamplingConfig
+from specmm.core.stats import GenerationStats, ReasoningExtras
 from specmm.core.target import attention_backend, model_device, output_vocab_size
 from specmm.reasoning.inner import speculate_step
 from specmm.reasoning.policies import StepPolicy, TargetOnly
@@ -66,7 +67,8 @@ class _View:
         full = torch.full((batch,), len(suffix_ids), dtype=torch.long, device=target.device)
         tokens, valid = pack([(target.pending, target.pending_count), (draw.tokens, draw.lengths), (suffix, full)])
         out = target.run(tokens, valid)
-        self.run.counters["judge_prefill_tokens"] += int(valid.sum())
+        self.run.extras.judge_forwards += 1
+        self.run.extras.judge_tokens += int(valid.sum())
         last = target.pending_count + draw.lengths + len(suffix_ids) - 1
         return out.logits[torch.arange(batch, device=target.device), last]
 
@@ -117,9 +119,7 @@ class _Run:
         self.spans = [[] for _ in range(batch)]
         self.scores = [[] for _ in range(batch)]
         self.decisions = [[] for _ in range(batch)]
-        names = ("steps", "checked_steps", "accepted_steps", "draft_tokens_kept", "draft_tokens_discarded",
-                 "target_tokens", "judge_prefill_tokens")
-        self.counters = dict.fromkeys(names, 0)
+        self.extras = ReasoningExtras()
 
     def select(self, keep: list[int], draft_gens, target_gens):
         index = torch.tensor(keep, dtype=torch.long, device=self.used.device)
@@ -131,6 +131,17 @@ class _Run:
         self.target_steps, self.last_by_target = self.target_steps[index], self.last_by_target[index]
         pick = (lambda g: g if g is None or isinstance(g, torch.Generator) else [g[i] for i in keep])
         return pick(draft_gens), pick(target_gens)
+
+
+def _stats(run: _Run, wall_time_s: float) -> GenerationStats:
+    """The run's counts: every target call is a target forward (generation, judging, inner speculation)."""
+    new_tokens = [len(tokens) for tokens in run.tokens]
+    batch = len(new_tokens)
+    target, draft = run.target, run.draft
+    return GenerationStats(
+        target_forwards=target.forwards if target else 0, draft_forwards=draft.forwards if draft else 0,
+        new_tokens=sum(new_tokens), wall_time_s=wall_time_s, new_tokens_per_row=new_tokens,
+        target_forwards_per_row=target.row_forwards.tolist() if target else [0] * batch, reasoning=run.extras)
 
 
 class StepSpeculator:
@@ -240,11 +251,10 @@ class StepSpeculator:
                     state.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        counters = {**run.counters, "draft_forwards": run.draft.forwards if run.draft else 0,
-                    "target_forwards": run.target.forwards if run.target else 0}
+        stats = _stats(run, time.perf_counter() - started)
         return assemble(prompt_ids, prompt_mask, run.tokens, run.logprobs, run.sources, pad, step_spans=run.spans,
-                        scores=run.scores, decisions=run.decisions, exact=self.policy.exact, counters=counters,
-                        phase_time_s=timer.seconds, wall_time_s=time.perf_counter() - started)
+                        scores=run.scores, decisions=run.decisions, exact=self.policy.exact, stats=stats,
+                        phase_time_s=timer.seconds)
 
     def _step(self, run: _Run, max_new_tokens, max_steps, sampling, draft_gens, target_gens, timer):
         """One step for every live row; returns the generators of the rows still live."""
@@ -292,7 +302,7 @@ class StepSpeculator:
         return self._record(run, d, t, accept, scores, max_new_tokens, max_steps, draft_gens, target_gens)
 
     def _record(self, run, d, t, accept, scores, max_new_tokens, max_steps, draft_gens, target_gens):
-        policy, counters = self.policy, run.counters
+        policy, extras = self.policy, run.extras
         accepted, score_list = accept.tolist(), scores.tolist()
         host = {name: (draw.tokens.tolist(), draw.lengths.tolist(), draw.logprobs.tolist())
                 for name, draw in (("d", d), ("t", t)) if draw is not None}
@@ -310,13 +320,14 @@ class StepSpeculator:
             run.scores[b].append(score_list[i])
             checked = policy.proposes and policy.uses_target
             run.decisions[b].append(bool(accepted[i]) if checked else None)
-            counters["steps"] += 1
-            counters["checked_steps"] += int(checked)
-            counters["accepted_steps"] += int(checked and accepted[i])
-            if d is not None:
-                counters["draft_tokens_kept" if accepted[i] else "draft_tokens_discarded"] += host["d"][1][i]
-            if not accepted[i]:
-                counters["target_tokens"] += n
+            extras.steps += 1
+            extras.checked_steps += int(checked)
+            if accepted[i]:
+                extras.draft_steps += 1
+                extras.draft_tokens += n
+            else:
+                extras.target_steps += 1
+                extras.discarded_draft_tokens += host["d"][1][i] if d is not None else 0
             step_lengths.append(n)
             done = bool(set(step) & set(run.eos.tolist())) or start + n >= max_new_tokens
             done = done or (max_steps is not None and len(run.spans[b]) >= max_steps)

@@ -70,6 +70,8 @@ class ModelState:
         self.pending_count = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B]
         self.round_valid = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)  # [B, R]
         self.forwards = 0
+        self.origin = torch.arange(batch, device=self.device)  # original row of each current row
+        self.row_forwards = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B0] forwards per original row
 
     def close(self) -> None:
         self.runner.close()
@@ -96,6 +98,7 @@ class ModelState:
         out = self.runner.forward(positions.clamp_min(0), torch.cat([earlier, new_block], -1), input_ids=tokens)
         self.round_valid = torch.cat([self.round_valid, valid], 1)
         self.forwards += 1
+        self.row_forwards.index_add_(0, self.origin, valid.any(1).long())  # rows with a valid slot took part
         return out
 
     def run_pending(self, rows: Tensor):
@@ -123,6 +126,7 @@ class ModelState:
 
     def select_rows(self, rows: Tensor) -> None:
         self.runner.cache.select_rows(rows)
+        self.origin = self.origin[rows]
         self.pending, self.pending_count = self.pending[rows], self.pending_count[rows]
         self.round_valid = self.round_valid[rows]
 

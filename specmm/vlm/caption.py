@@ -3,7 +3,9 @@
 Each line is `{"image": path, "caption": text, "new_tokens": n, "mean_accepted": x}`, or
 `{"image": path, "error": "..."}` for an image that cannot be read (the job goes on). With `resume=True`
 images that already have a complete line (captions and errors alike) are skipped; a torn last line left by
-a killed job is cut off and its image redone.
+a killed job is cut off and its image redone. The call returns the batches' `GenerationStats` summed with
+`add()`, its `caption` extras counting the images, and `wall_time_s` the whole call (reading and writing
+included).
 """
 
 from __future__ import annotations
@@ -14,34 +16,19 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 from tqdm.auto import tqdm
 
 from specmm.core.sampling import GREEDY, SamplingConfig
+from specmm.core.stats import CaptionExtras, GenerationStats
 from specmm.vlm.pipeline import SpeculativeVLM
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "Describe the picture in detail."
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-
-
-@dataclass
-class CaptionSummary:
-    captioned: int  # images captioned by this call
-    skipped: int  # images already in the output file (resume)
-    errors: int  # unreadable images written as error lines by this call
-    new_tokens: int
-    target_forwards: int  # verify forwards summed over rows
-    wall_time_s: float
-
-    @property
-    def mean_accepted(self) -> float:
-        """Tokens per target forward and row over this call, bonus token included."""
-        return self.new_tokens / max(self.target_forwards, 1)
 
 
 def find_images(spec: str | Path) -> list[Path]:
@@ -101,7 +88,7 @@ def _load(path: Path) -> Image.Image | str:
 def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_path: str | Path,
                    batch_size: int = 8, max_new_tokens: int = 128, resume: bool = False,
                    sampling: SamplingConfig = GREEDY, prompt: str = DEFAULT_PROMPT,
-                   progress: bool = True) -> CaptionSummary:
+                   progress: bool = True) -> GenerationStats:
     """Caption `image_paths` with `svlm` into the JSON-lines file `out_path` (see the module docstring)."""
     paths = [str(p) for p in image_paths]
     if not paths:
@@ -118,15 +105,16 @@ def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_
     check_output(out_path, resume)
     done = completed_images(out_path) if resume else set()
     todo = list(dict.fromkeys(p for p in paths if p not in done))  # each image once, in order
-    summary = CaptionSummary(0, len(set(paths) & done), 0, 0, 0, 0.0)
-    logger.info("captioning %d images (%d already in %s)", len(todo), summary.skipped, out_path)
+    summary = GenerationStats(caption=CaptionExtras(skipped=len(set(paths) & done)))
+    logger.info("captioning %d images (%d already in %s)", len(todo), summary.caption.skipped, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(out_path, "a", encoding="utf-8") as out, \
             tqdm(total=len(todo), unit="img", desc="captioning", disable=not progress) as bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start: start + batch_size]
-            records = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling, summary)
+            records, stats = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling)
+            summary.add(stats)
             out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
             out.flush()
             os.fsync(out.fileno())
@@ -137,12 +125,13 @@ def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_
 
 
 def _caption_batch(svlm: SpeculativeVLM, batch: list[str], prompt: str, max_new_tokens: int,
-                   sampling: SamplingConfig, summary: CaptionSummary) -> list[dict]:
-    """Records for one batch, in input order: captions for readable images, errors for the others."""
+                   sampling: SamplingConfig) -> tuple[list[dict], GenerationStats]:
+    """Records for one batch, in input order: captions for readable images, errors for the others; and the
+    batch's stats with its `caption` extras."""
     loaded = {path: _load(Path(path)) for path in batch}
     readable = [p for p in batch if isinstance(loaded[p], Image.Image)]
     records = {p: {"image": p, "error": loaded[p]} for p in batch if p not in readable}
-    summary.errors += len(records)
+    stats = GenerationStats()
     for path, message in records.items():
         logger.warning("%s: %s", path, message["error"])
     if readable:
@@ -152,7 +141,5 @@ def _caption_batch(svlm: SpeculativeVLM, batch: list[str], prompt: str, max_new_
         for i, path in enumerate(readable):
             records[path] = {"image": path, "caption": result.texts[i], "new_tokens": stats.new_tokens_per_row[i],
                              "mean_accepted": round(stats.mean_accepted_per_row[i], 4)}
-        summary.captioned += len(readable)
-        summary.new_tokens += stats.new_tokens
-        summary.target_forwards += sum(stats.target_forwards_per_row)
-    return [records[p] for p in batch]
+    stats.caption = CaptionExtras(captioned=len(readable), errors=len(batch) - len(readable))
+    return [records[p] for p in batch], stats

@@ -240,7 +240,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     record["eval"] = {"images": count,
                       "target_class_accuracy": float((classifier.predict(decode(vae, generated.tokens))
                                                       == eval_labels).float().mean()),
-                      "cspd_mean_accepted": spec.stats.mean_accepted, "cspd_acceptance_rate": spec.stats.acceptance_rate}
+                      "cspd_mean_accepted": spec.stats.mean_accepted,
+                      "cspd_acceptance_rate": spec.stats.continuous.acceptance_rate}
     return record
 
 

@@ -36,11 +36,11 @@ def test_ssd_with_prefix_cache_equals_stepwise_with_prefix_cache(seed):
     model = tiny_dlm(seed=seed, std=0.6)
     ids = torch.randint(0, 38, (2, 6), generator=torch.Generator().manual_seed(seed))
     ref = generate(model, ids, 24, 8, method="stepwise", cache="prefix")
-    assert ref.stats.full_forwards == 3 and ref.stats.forwards == 24  # one refresh per block
+    assert ref.stats.diffusion.full_forwards == 3 and ref.stats.target_forwards == 24  # one refresh per block
     for draft_size, tree_width in ((1, 1), (4, 1), (8, 2)):
         out = generate(model, ids, 24, 8, method="ssd", cache="prefix", draft_size=draft_size, tree_width=tree_width)
         assert torch.equal(out.sequences, ref.sequences)
-        assert all(f <= 24 for f in out.stats.forwards_per_row)
+        assert all(f <= 24 for f in out.stats.target_forwards_per_row)
 
 
 def test_prefix_cache_is_an_approximation_of_uncached_decoding():

@@ -20,8 +20,8 @@ def check_same(model, ids, gen_length, block_length, **ssd_kwargs):
     out = generate(model, ids, gen_length, block_length, method="ssd", **ssd_kwargs)
     assert torch.equal(out.sequences, ref.sequences), ssd_kwargs
     assert not (out.sequences[:, ids.shape[1]:] == (getattr(model, "mask_id", None) or MASK)).any()
-    assert all(f <= gen_length for f in out.stats.forwards_per_row)  # never more than stepwise, per row
-    assert ref.stats.forwards == gen_length and ref.stats.mean_accepted == 1.0
+    assert all(f <= gen_length for f in out.stats.target_forwards_per_row)  # never more than stepwise, per row
+    assert ref.stats.target_forwards == gen_length and ref.stats.mean_accepted == 1.0
     return ref, out
 
 
@@ -48,7 +48,7 @@ def test_ssd_equals_stepwise_on_state_dependent_toy_models(strength, seed):
 def test_ssd_saves_forwards_when_predictions_are_stable():
     model = ToyDLM(length=4 + 32, strength=0.05, seed=1)
     ref, out = check_same(model, prompts(1, 4, model.vocab, 0), 32, 8, draft_size=8)
-    assert out.stats.forwards <= ref.stats.forwards / 3  # nearly state-independent: most drafts are accepted
+    assert out.stats.target_forwards <= ref.stats.target_forwards / 3  # nearly state-independent: most are accepted
     assert out.stats.mean_accepted >= 3.0
 
 
@@ -58,7 +58,26 @@ def test_tree_leaves_accept_more_than_the_chain_alone():
     _, chain = check_same(model, ids, 24, 8, draft_size=4, tree_width=1)
     _, tree = check_same(model, ids, 24, 8, draft_size=4, tree_width=4)
     assert tree.stats.new_tokens == chain.stats.new_tokens
-    assert sum(tree.stats.forwards_per_row) < sum(chain.stats.forwards_per_row)
+    assert sum(tree.stats.target_forwards_per_row) < sum(chain.stats.target_forwards_per_row)
+
+
+@pytest.mark.parametrize("cache", [None, "prefix"])
+def test_stats_are_tokens_per_row_forward_with_accepted_drafts_and_candidate_rows(cache):
+    model = ToyDLM(length=6 + 24, strength=0.6, seed=3) if cache is None else tiny_dlm(seed=1, std=0.3)
+    ids = prompts(3, 6, getattr(model, "vocab", 39), 3)
+    _, out = check_same(model, ids, 24, 8, draft_size=4, tree_width=2, cache=cache)
+    stats = out.stats
+    assert stats.new_tokens_per_row == [24] * 3 and stats.new_tokens == 72
+    assert stats.row_forwards == sum(stats.target_forwards_per_row) < 72
+    assert stats.mean_accepted == pytest.approx(stats.new_tokens / stats.row_forwards) and stats.mean_accepted > 1
+    assert max(stats.target_forwards_per_row) <= stats.target_forwards
+    # each iteration commits the token stepwise decoding would, plus accepted_histogram's index in drafts
+    iterations = sum(stats.accepted_histogram)
+    assert stats.accepted_drafts == stats.new_tokens - iterations > 0
+    assert stats.diffusion.forward_rows > stats.row_forwards  # candidate states share a row's forward
+    assert (stats.diffusion.full_forwards == stats.target_forwards) == (cache is None)
+    assert stats.summary()["diffusion"] == {"full_forwards": stats.diffusion.full_forwards,
+                                            "forward_rows": stats.diffusion.forward_rows}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -87,4 +106,4 @@ def test_batched_ssd_with_left_padding_equals_stepwise_row_by_row():
         keep = attention_mask[row].bool()
         alone = generate(model, ids[row][keep][None], 16, 4, method="stepwise")
         assert torch.equal(batched.sequences[row, 7:], alone.sequences[0, keep.sum():])
-    assert batched.stats.forwards <= 16
+    assert batched.stats.target_forwards <= 16

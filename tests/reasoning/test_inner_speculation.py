@@ -33,6 +33,15 @@ def test_greedy_inner_speculation_equals_target_only(k):
         out = spec_for(policy, k).generate(prompts(), max_new_tokens=30)
         assert out.completions == reference.completions and out.step_spans == reference.step_spans
         assert torch.equal(out.behaviour_logprobs, reference.behaviour_logprobs)
+        assert out.stats.mean_accepted == out.stats.new_tokens / out.stats.row_forwards
+    tokenizer, target, _ = models()
+    itself = StepSpeculator(target, target, tokenizer, TargetOnly(), delimiter=step_ids(tokenizer), max_step_tokens=7,
+                            inner_speculation=k).generate(prompts(), max_new_tokens=30)  # every draft is accepted
+    inner = itself.stats
+    assert itself.completions == reference.completions and reference.stats.mean_accepted == 1.0
+    assert inner.new_tokens_per_row == reference.stats.new_tokens_per_row
+    assert all(f < n for f, n in zip(inner.target_forwards_per_row, inner.new_tokens_per_row))
+    assert inner.mean_accepted == inner.new_tokens / inner.row_forwards > 1.5
 
 
 def test_inner_speculation_mixed_with_kept_draft_steps_is_batched_like_row_by_row():

@@ -51,8 +51,15 @@ def test_captions_are_written_one_line_per_image_and_unreadable_images_become_er
     expected = reference_texts(target, processor, scene_images(3), [PROMPT] * 3, max_new_tokens=MAX_NEW)
     assert [line["caption"] for line in lines[1:]] == expected
     assert all(1 <= line["new_tokens"] <= MAX_NEW and line["mean_accepted"] >= 1.0 for line in lines[1:])
-    assert (summary.captioned, summary.errors, summary.skipped) == (3, 1, 0)
-    assert summary.new_tokens == sum(line["new_tokens"] for line in lines[1:])
+    caption = summary.caption
+    assert (caption.captioned, caption.errors, caption.skipped) == (3, 1, 0)
+    # the batches' stats summed: one row per captioned image, in output order
+    assert summary.new_tokens_per_row == [line["new_tokens"] for line in lines[1:]]
+    assert summary.new_tokens == sum(summary.new_tokens_per_row) and len(summary.target_forwards_per_row) == 3
+    assert summary.mean_accepted == summary.new_tokens / summary.row_forwards >= 1.0
+    assert [line["mean_accepted"] for line in lines[1:]] == [round(m, 4) for m in summary.mean_accepted_per_row]
+    assert summary.target_forwards >= max(summary.target_forwards_per_row) and summary.wall_time_s > 0
+    assert summary.summary()["caption"] == {"captioned": 3, "skipped": 0, "errors": 1}
 
 
 def test_resume_after_a_kill_captions_every_image_once_with_the_same_captions(image_dir, tmp_path):
@@ -66,10 +73,11 @@ def test_resume_after_a_kill_captions_every_image_once_with_the_same_captions(im
         caption_images(_svlm(), paths, killed, prompt=PROMPT, progress=False)
     summary = caption_images(_svlm(), paths, killed, batch_size=2, max_new_tokens=MAX_NEW, resume=True,
                              prompt=PROMPT, progress=False)
-    assert (summary.skipped, summary.captioned) == (1, 2)
+    assert (summary.caption.skipped, summary.caption.captioned) == (1, 2)
     assert sorted(_lines(killed), key=lambda r: r["image"]) == _lines(full)
     again = caption_images(_svlm(), paths, killed, resume=True, prompt=PROMPT, progress=False)
-    assert (again.skipped, again.captioned) == (3, 0) and len(_lines(killed)) == 3
+    assert (again.caption.skipped, again.caption.captioned, again.new_tokens) == (3, 0, 0)
+    assert len(_lines(killed)) == 3
 
 
 def test_resume_refuses_a_corrupt_middle_line(image_dir, tmp_path):

@@ -6,9 +6,8 @@ from specmm.image_ar.continuous.rules import RULES, FinalStepRule, TrajectoryRul
 from specmm.image_ar.continuous.sampler import (
            CSpDSampler,
            SampleOutput,
-           SampleStats,
            sample_ar,
 )
 
 __all__ = ["RULES", "CSpDSampler", "ContinuousAR", "ContinuousARConfig", "DDPMHead", "FinalStepRule",
-           "GaussianHead", "SampleOutput", "SampleStats", "TrajectoryRule", "compile_chain", "sample_ar"]
+           "GaussianHead", "SampleOutput", "TrajectoryRule", "compile_chain", "sample_ar"]

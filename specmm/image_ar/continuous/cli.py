@@ -63,7 +63,7 @@ def cmd_sample_continuous(args) -> int:
             picture.save(image_path(out, *job))
         forwards += result.stats.row_forwards
         tokens += result.stats.new_tokens
-        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+        drafted, accepted = drafted + result.stats.continuous.drafted, accepted + result.stats.continuous.accepted
 
     summary = {"method": method, "images": len(jobs), "sampled_now": len(todo),
                "mean_accepted_now": tokens / forwards if forwards else None,

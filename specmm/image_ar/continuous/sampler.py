@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specmm.core.stats import ContinuousExtras, GenerationStats
 from specmm.image_ar.continuous.chain import draw_noise, sample_chain
 from specmm.image_ar.continuous.model import ContinuousAR
 from specmm.image_ar.continuous.rules import (
@@ -26,31 +27,9 @@ from specmm.image_ar.continuous.rules import (
 
 
 @dataclass
-class SampleStats:
-    target_forwards: int = 0  # target transformer forwards (prefill steps + verifications)
-    draft_forwards: int = 0
-    new_tokens: int = 0  # tokens generated over all rows
-    row_forwards: int = 0  # target forwards summed over the rows still generating at each forward
-    drafted: int = 0  # drafted tokens that were verified (inside the image)
-    accepted: int = 0  # of which accepted
-    residual_proposals: int = 0  # candidates drawn by the residual sampler
-    fallbacks: int = 0  # residual draws that hit max_proposals and fell back to a plain target sample
-    wall_time_s: float = 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Tokens committed per target forward, bonus/residual token included (1.0 for plain AR)."""
-        return self.new_tokens / max(1, self.row_forwards)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / max(1, self.drafted)
-
-
-@dataclass
 class SampleOutput:
     tokens: Tensor  # [B, N, C] in grid (raster) order
-    stats: SampleStats
+    stats: GenerationStats  # with `continuous` extras
 
 
 def _check_common(model: ContinuousAR, labels: Tensor, temperature: float, name: str = "model") -> None:
@@ -88,7 +67,7 @@ def _write(canvas: Tensor, index: Tensor, value: Tensor, where: Tensor) -> Tenso
 
 @torch.no_grad()
 def _ar_steps(model: ContinuousAR, canvas: Tensor, labels: Tensor, orders: Tensor, start: int, stop: int,
-              temperature: float, generator, stats: SampleStats) -> Tensor:
+              temperature: float, generator, stats: GenerationStats) -> Tensor:
     """Plain AR from step `start` to `stop` (exclusive), every row."""
     rows = canvas.shape[0]
     for i in range(start, stop):
@@ -98,9 +77,22 @@ def _ar_steps(model: ContinuousAR, canvas: Tensor, labels: Tensor, orders: Tenso
         canvas = canvas.clone()
         canvas[:, i] = trajectory[:, -1]
         stats.target_forwards += 1
-        stats.row_forwards += rows
-        stats.new_tokens += rows
+    _count_ar_steps(stats, rows, stop - start)
     return canvas
+
+
+def _new_stats(rows: int) -> GenerationStats:
+    return GenerationStats(new_tokens_per_row=[0] * rows, target_forwards_per_row=[0] * rows,
+                           continuous=ContinuousExtras())
+
+
+def _count_ar_steps(stats: GenerationStats, rows: int, steps: int) -> None:
+    """Every row took part in `steps` target forwards, each committing one token and accepting no draft."""
+    stats.new_tokens += rows * steps
+    stats.new_tokens_per_row = [n + steps for n in stats.new_tokens_per_row]
+    stats.target_forwards_per_row = [f + steps for f in stats.target_forwards_per_row]
+    if steps:
+        stats.accepted_histogram = [(stats.accepted_histogram or [0])[0] + rows * steps]
 
 
 @torch.no_grad()
@@ -112,7 +104,7 @@ def sample_ar(model: ContinuousAR, labels: Tensor, *, temperature: float = 1.0,
     cfg, param = model.config, next(model.parameters())
     orders = _orders(model, labels.shape[0], param.device, generator)
     canvas = torch.zeros(labels.shape[0], cfg.num_tokens, cfg.token_dim, dtype=param.dtype, device=param.device)
-    stats = SampleStats()
+    stats = _new_stats(labels.shape[0])
     canvas = _ar_steps(model, canvas, labels.to(param.device), orders, 0, cfg.num_tokens, temperature, generator, stats)
     stats.wall_time_s = time.perf_counter() - started
     return SampleOutput(_to_grid(canvas, orders), stats)
@@ -127,7 +119,7 @@ class CSpDSampler:
     that each round (a rejected row needs 1/TV proposals on average). `max_proposals` bounds it per token; a
     row that exhausts it takes a fresh plain target sample (never a zero token). That fallback moves at most
     TV·(1 - TV)^max_proposals <= 1/(e·(max_proposals+1)) probability mass per token (TV: the draft-target total
-    variation); `stats.fallbacks` counts it.
+    variation); `stats.continuous.fallbacks` counts it.
     """
 
     def __init__(self, target: ContinuousAR, draft: ContinuousAR, *, draft_tokens: int = 4, prefill_tokens: int = 0,
@@ -161,11 +153,13 @@ class CSpDSampler:
         labels = labels.to(param.device)
         orders = _orders(target, rows, param.device, generator)
         canvas = torch.zeros(rows, n, cfg.token_dim, dtype=param.dtype, device=param.device)
-        stats = SampleStats()
+        stats = _new_stats(rows)
         canvas = _ar_steps(target, canvas, labels, orders, 0, self.prefill_tokens, temperature, generator, stats)
         lengths = torch.full((rows,), self.prefill_tokens, device=param.device)  # committed tokens per row
         steps = torch.arange(n, device=param.device)
-        counts = torch.zeros(4, dtype=torch.long, device=param.device)  # row forwards, drafted, accepted, new tokens
+        counts = torch.zeros(2, dtype=torch.long, device=param.device)  # drafted, accepted
+        row_forwards = torch.zeros(rows, dtype=torch.long, device=param.device)  # verify forwards per row
+        histogram = torch.zeros(k + 1, dtype=torch.long, device=param.device)  # [n]: row-rounds accepting n drafts
         while True:
             longest = int(lengths.max())  # one host sync per round: the loop's exit and the forward widths
             if int(lengths.min()) >= n:
@@ -191,13 +185,19 @@ class CSpDSampler:
             position = (lengths + n_accepted).clamp(max=n - 1)
             canvas = _write(canvas, position, token, needs_token)
             new_lengths = torch.minimum(lengths + n_accepted + needs_token.long(), torch.full_like(lengths, n))
-            counts += torch.stack([active.sum(), torch.minimum(n_accepted + 1, inside.sum(1)).sum(), n_accepted.sum(),
-                                   (new_lengths - lengths).sum()])  # stats stay on the device until the end
+            # stats stay on the device until the end
+            counts += torch.stack([(torch.minimum(n_accepted + 1, inside.sum(1)) * active).sum(), n_accepted.sum()])
+            row_forwards += active.long()
+            histogram += (torch.nn.functional.one_hot(n_accepted, k + 1) * active[:, None]).sum(0)
             canvas = torch.where((steps[None, :] < new_lengths[:, None])[..., None], canvas, 0.0)
             lengths = new_lengths
-        row_forwards, drafted, accepted, new_tokens = counts.tolist()
-        stats.row_forwards += row_forwards
-        stats.drafted, stats.accepted, stats.new_tokens = drafted, accepted, stats.new_tokens + new_tokens
+        stats.continuous.drafted, stats.continuous.accepted = counts.tolist()
+        stats.target_forwards_per_row = [f + r for f, r in zip(stats.target_forwards_per_row, row_forwards.tolist())]
+        stats.new_tokens_per_row = [n] * rows  # every row fills the image
+        stats.new_tokens = n * rows
+        histogram = histogram.tolist()
+        histogram[0] += (stats.accepted_histogram or [0])[0]  # the prefill steps
+        stats.accepted_histogram = histogram
         stats.wall_time_s = time.perf_counter() - started
         return SampleOutput(_to_grid(canvas, orders), stats)
 
@@ -244,9 +244,9 @@ class CSpDSampler:
             todo[rows] = ~take
             proposals += count
             per_round = min(2 * per_round, 64)  # rows still waiting have a small residual mass: draw more at once
-            stats.residual_proposals += count * int(residual.sum())
+            stats.continuous.residual_proposals += count * int(residual.sum())
         if bool(todo.any()):
-            stats.fallbacks += int(todo.sum())
+            stats.continuous.fallbacks += int(todo.sum())
             token = torch.where(todo[:, None], self._target_sample(ctx, temperature, generator), token)
         return token
 

@@ -28,7 +28,7 @@ def test_distilling_raises_acceptance():
 
     def acceptance() -> float:
         out = CSpDSampler(target, draft.eval(), draft_tokens=2).sample(labels, generator=torch.Generator().manual_seed(0))
-        return out.stats.acceptance_rate
+        return out.stats.continuous.acceptance_rate
 
     before = acceptance()
     optimizer = torch.optim.Adam(draft.parameters(), lr=3e-3)

@@ -33,7 +33,7 @@ def test_one_step_gaussian_head_output_matches_the_target_and_the_test_sees_a_5_
     target = tiny_model()
     draft = perturbed_copy(target, 0.3, seed=5)
     reference, speculative, stats = draws(target, draft, rule, seed=1, draft_tokens=2)
-    assert 0.2 < stats.acceptance_rate < 0.98 and stats.fallbacks == 0  # both branches are exercised
+    assert 0.2 < stats.continuous.acceptance_rate < 0.98 and stats.continuous.fallbacks == 0  # both branches run
     assert not differs(reference, speculative)
     shifted = speculative.copy()
     shifted[:, 5] += 0.05 * shifted[:, 5].std()
@@ -46,5 +46,5 @@ def test_trajectory_rule_is_exact_for_a_multi_step_ddpm_head_in_random_order():
     target = tiny_model(head="ddpm", diffusion_steps=3, order="random")
     draft = perturbed_copy(target, 0.05, seed=5)
     reference, speculative, stats = draws(target, draft, "trajectory", seed=2, draft_tokens=3, prefill_tokens=1)
-    assert 0.1 < stats.acceptance_rate < 0.98 and stats.fallbacks == 0
+    assert 0.1 < stats.continuous.acceptance_rate < 0.98 and stats.continuous.fallbacks == 0
     assert not differs(reference, speculative)
