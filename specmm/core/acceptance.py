@@ -43,7 +43,7 @@ class AcceptResult:
     path: Tensor  # [B, D+1] tree node at each depth of the accepted path, root first (junk past num_accepted)
     num_accepted: Tensor  # [B] accepted draft tokens (0..D)
     next_token: Tensor  # [B] target token after the path: the bonus, or the correction after a rejection
-    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # rule's own, each [B] summed over accepted drafts
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # rule's own, each [B, D]: per accepted draft (0 past)
 
 
 GreedyBehaviour = Literal["argmax", "relaxed", "refuse"]
@@ -159,8 +159,10 @@ def accept_greedy(tree: DraftTree, target_logits: Tensor, rule: AcceptanceRule =
     num_accepted = tree.depth[rows, best]
     diagnostics = {}
     if rule.greedy == "relaxed":
-        on_path = tree.ancestors[rows, best] & (tree.parents >= 0)  # [B, T] accepted drafts
-        diagnostics["moved_mass"] = (on_path & (tree.tokens != parent_argmax)).sum(1).float()
+        drafts = path[:, 1:]  # [B, D] accepted draft at each depth (junk past num_accepted)
+        accepted_here = torch.arange(drafts.shape[1], device=ok.device)[None, :] < num_accepted[:, None]
+        off_argmax = tree.tokens.gather(1, drafts) != parent_argmax.gather(1, drafts)
+        diagnostics["moved_mass"] = (off_argmax & accepted_here).float()
     return AcceptResult(path=path, num_accepted=num_accepted, next_token=target_logits[rows, best].argmax(-1),
                         diagnostics=diagnostics)
 
@@ -197,7 +199,8 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
             reject = trying & ~accept
             if not rule.exact:
                 for name, value in rule.diagnostics(probs, q, token).items():
-                    recorded[name] = recorded.get(name, 0) + torch.where(accept, value.float(), 0.0)
+                    per_depth = recorded.setdefault(name, target_probs.new_zeros(batch, depth_levels))
+                    per_depth[:, level] += torch.where(accept, value.to(per_depth.dtype), 0.0)
             residual = normalize(rule.reject(probs, q, token))
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)  # no mass left: keep p
             probs = torch.where(reject[:, None], residual, probs)

@@ -46,7 +46,7 @@ class RoundOutput:
     num_accepted: Tensor  # [b] accepted draft tokens
     next_token: Tensor  # [b] the target's token after the path (bonus or correction): the next root
     new_tokens: Tensor  # [b, D+1] accepted drafts, then next_token at index num_accepted (junk past it)
-    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # the rule's own, each [b] (e.g. moved_mass)
+    diagnostics: dict[str, Tensor] = field(default_factory=dict)  # the rule's own, each [b, D] per accepted draft
     target_logits: Tensor | None = None  # [b, T, V] raw verify logits after each tree node (None for a first token)
 
 
@@ -249,16 +249,18 @@ class SpeculativeGenerator:
             first = RoundOutput(tree=None, path=None, num_accepted=torch.zeros_like(roots), next_token=roots,
                                 new_tokens=roots[:, None])
             stats.target_forwards += 1
-            roots, generators, active = self._record(first, out, counts, rounds, histogram, active, roots,
-                                                     generators, max_new_tokens, criteria, pad, streamer, batch)
+            roots, generators, active, _ = self._record(first, out, counts, rounds, histogram, active, roots,
+                                                        generators, max_new_tokens, criteria, pad, streamer, batch)
         while active.numel():
             result = self.step(roots, sampling, generators)
             stats.target_forwards += 1
-            if "moved_mass" in result.diagnostics:
-                moved += result.diagnostics["moved_mass"].sum()
-            roots, generators, active = self._record(result, out, counts, rounds, histogram, active,
-                                                     result.next_token, generators, max_new_tokens, criteria,
-                                                     pad, streamer, batch)
+            roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
+                                                           result.next_token, generators, max_new_tokens,
+                                                           criteria, pad, streamer, batch)
+            if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
+                per_draft = result.diagnostics["moved_mass"]  # [b, D]
+                kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
+                moved += (per_draft * kept).sum()
         stats.moved_mass = float(moved)
         return out, counts, rounds, histogram, stats
 
@@ -285,7 +287,7 @@ class SpeculativeGenerator:
             roots = roots[keep]
             generators = select_generators(generators, keep.tolist())
             active = active[keep]
-        return roots, generators, active
+        return roots, generators, active, take
 
 
 def _stream_prompt(streamer, input_ids: Tensor, attention_mask: Tensor) -> None:
