@@ -22,8 +22,9 @@ from specmm.image_ar.continuous import CSpDSampler, sample_ar
 from specmm.image_ar.continuous.heads import compile_chain
 from specmm.image_ar.continuous.latents import decode
 from specmm.image_ar.continuous.metrics import fid, kid
+from specmm.image_ar.images import to_pil
 from specmm.machine import machine_info
-from specmm.zoo.class_images import CLASSES, to_pil
+from specmm.zoo.class_images import CLASSES
 
 
 @dataclass

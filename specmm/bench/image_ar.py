@@ -45,7 +45,7 @@ def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, samplin
 
 def bench_image_ar(args) -> int:
     from specmm import zoo
-    from specmm.image_ar.cli import image_grid
+    from specmm.image_ar.images import image_grid
     from specmm.image_ar.methods import METHODS, make_sampler
     from specmm.image_ar.metrics import accuracy, fid, kid
     from specmm.zoo import imagegen

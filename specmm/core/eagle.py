@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from transformers import LlamaConfig, LlamaModel
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+
+if TYPE_CHECKING:  # the Llama classes are imported where used: `from transformers import LlamaConfig` alone loads
+    from transformers import LlamaConfig  # torchvision and torch._dynamo (seconds), which `import specmm` need not pay
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ _CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "
 
 def head_config_for(model: nn.Module, **overrides) -> LlamaConfig:
     """A one-layer Llama config matching the target's width, heads and rotary settings."""
+    from transformers import LlamaConfig
+
     text = model.config.get_text_config()
     fields = {f: getattr(text, f) for f in _CONFIG_FIELDS if getattr(text, f, None) is not None}
     rope = getattr(text, "rope_parameters", None) or {}
@@ -63,6 +68,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, Tensor]]:
 
 def checkpoint_config(raw: dict) -> LlamaConfig:
     """The head config of a checkpoint: upstream `bias` is the fc's, `qkv_bias` the attention's."""
+    from transformers import LlamaConfig
+
     config = LlamaConfig.from_dict(raw)
     config.attention_bias = bool(raw.get("qkv_bias", False))
     return config
@@ -72,6 +79,8 @@ class EagleHead(nn.Module):
     """fc on [token embedding; feature] -> Llama decoder layer(s); no input norm on layer 0, no final norm."""
 
     def __init__(self, config: LlamaConfig):
+        from transformers import LlamaConfig, LlamaModel
+
         super().__init__()
         self.config = config
         hidden = config.hidden_size

@@ -23,6 +23,7 @@ from specmm.core.tree import TreeSpec
 from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern
 from specmm.image_ar.autoregressive import generate_ar
 from specmm.image_ar.drafter import ImageDrafter
+from specmm.image_ar.images import to_pil
 from specmm.image_ar.jacobi import JacobiProposer
 from specmm.image_ar.llamagen.model import LlamaGen
 from specmm.image_ar.target import GuidedTarget
@@ -35,11 +36,6 @@ class ImageSample:
     images: list[Image.Image]
     tokens: Tensor  # [B, N] image tokens (raster order)
     stats: GenerationStats = field(default_factory=GenerationStats)
-
-
-def _to_pil(images: Tensor) -> list[Image.Image]:
-    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
-    return [Image.fromarray(p) for p in pixels]
 
 
 class ImageSampler:
@@ -106,7 +102,7 @@ class ImageSampler:
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = out.sequences[:, :n], out.stats
         stats.image = ImageExtras(tokens_per_row=n)
-        images = _to_pil(self.lg.decode(tokens)) if decode else []
+        images = to_pil(self.lg.decode(tokens)) if decode else []
         return ImageSample(images=images, tokens=tokens, stats=stats)
 
     def _sample_ar(self, prompt: Tensor, conditioning: dict, n: int, sampling: SamplingConfig,

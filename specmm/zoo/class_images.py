@@ -74,11 +74,4 @@ def class_dataset(per_class: int, size: int = 64, seed: int = 0,
     return torch.stack(images), torch.tensor(labels)
 
 
-def to_pil(images: torch.Tensor) -> list[Image.Image]:
-    """uint8 [N, 3, H, W] (or float in [-1, 1]) -> PIL images."""
-    if images.dtype != torch.uint8:
-        images = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return [Image.fromarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
-
-
-__all__ = ["CLASSES", "class_dataset", "class_image", "class_scene", "to_pil"]
+__all__ = ["CLASSES", "class_dataset", "class_image", "class_scene"]

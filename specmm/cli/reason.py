@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import torch
+
+from specmm.cli.common import command_line, default_device
 
 POLICIES = ("target-only", "draft-only", "specreason", "arbitrage", "random")
 
 
 def add_parsers(sub, bench_sub) -> None:
     """Register `reason` on the top-level parser and `reasoning` under `bench`."""
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
     reason = sub.add_parser("reason", help="step-level speculation (SpecReason, Arbitrage, ...) over prompts")
     source = reason.add_mutually_exclusive_group()
     source.add_argument("--zoo", default="chainarith", help="zoo entry with target, draft and router")
@@ -32,7 +31,7 @@ def add_parsers(sub, bench_sub) -> None:
     reason.add_argument("--batch-size", type=int, default=8)
     reason.add_argument("--seed", type=int, default=0)
     reason.add_argument("--scale", default="cpu")
-    reason.add_argument("--device", default=default_device)
+    reason.add_argument("--device", default=default_device())
     reason.add_argument("--out", required=True, help="output .jsonl (one rollout per line)")
     reason.add_argument("--resume", action="store_true", help="skip prompts already in --out")
     reason.set_defaults(func=cmd_reason)
@@ -44,7 +43,7 @@ def add_parsers(sub, bench_sub) -> None:
     bench.add_argument("--problems", type=int, nargs="+", help="problems per batch size (default 64 64 128)")
     bench.add_argument("--specreason-thresholds", type=float, nargs="+", default=[3.0, 6.0, 8.0])
     bench.add_argument("--arbitrage-thresholds", type=float, nargs="+", default=[0.2, 0.5, 0.8])
-    bench.add_argument("--device", default=default_device)
+    bench.add_argument("--device", default=default_device())
     bench.add_argument("--out", default="benchmarks")
     bench.add_argument("--name", help="report file stem (default reasoning-chainarith-<scale>-<device>)")
     bench.set_defaults(func=cmd_bench_reasoning)
@@ -153,8 +152,7 @@ def cmd_bench_reasoning(args) -> int:
                    "held-out (zoo.json)": json.dumps(record.get("heldout", {})),
                    "router (zoo.json)": json.dumps(record.get("router", {})),
                    "torch threads": torch.get_num_threads()}
-    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    reports, results = bench_reasoning(models, setup, command=command, description=description, device=device)
+    reports, results = bench_reasoning(models, setup, command=command_line(), description=description, device=device)
     for report in reports:
         print(f"\n{report.name}\n{report.table()}")
     paths = write(reports, results, args.out, args.name or f"reasoning-chainarith-{args.scale}-{device.type}")

@@ -8,17 +8,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-
-def image_grid(images: list, columns: int):
-    """Paste PIL images into one grid image (row-major)."""
-    from PIL import Image
-
-    width, height = images[0].size
-    rows = (len(images) + columns - 1) // columns
-    grid = Image.new("RGB", (columns * width, rows * height), "white")
-    for i, image in enumerate(images):
-        grid.paste(image, ((i % columns) * width, (i // columns) * height))
-    return grid
+from specmm.cli.common import default_device
 
 
 def parse_classes(text: str, num_classes: int) -> list[int]:
@@ -82,6 +72,8 @@ def finish_job(out: Path, images: list[Path], columns: int, summary: dict, per_f
     """Write the grid of every image of the job and summary.json; print a one-line report."""
     from PIL import Image
 
+    from specmm.image_ar.images import image_grid
+
     image_grid([Image.open(path) for path in images], columns).save(out / "grid.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     rate = summary[per_forward]
@@ -116,8 +108,8 @@ def add_job_arguments(p, batch_size: int) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="keep the PNGs already in --out and sample the rest")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device())
 
 
-__all__ = ["add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_grid", "image_path",
-           "image_seed", "parse_classes", "plan_job"]
+__all__ = ["add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_path", "image_seed",
+           "parse_classes", "plan_job"]

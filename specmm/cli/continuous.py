@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specmm.image_ar.cli import (
+from specmm.cli.images import (
     add_job_arguments,
     finish_job,
     image_path,
@@ -28,7 +28,7 @@ def cmd_sample_continuous(args) -> int:
         sample_ar,
     )
     from specmm.image_ar.continuous.latents import decode
-    from specmm.zoo.class_images import to_pil
+    from specmm.image_ar.images import to_pil
 
     if args.batch_size < 1 or args.per_class < 1:
         raise ValueError(f"--batch-size and --per-class: expected integers >= 1, got {args.batch_size}, "

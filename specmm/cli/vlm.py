@@ -1,0 +1,123 @@
+"""`specmm caption` (a folder of images -> JSON lines with a VLM) and `specmm train-drafter` (a VisionDrafter)."""
+
+from __future__ import annotations
+
+import torch
+
+import specmm
+from specmm.cli.common import DRAFT_DEFAULTS, default_device, dtype_arg, mkdir, positive_int
+
+
+def cmd_train_drafter(args) -> int:
+    from specmm import zoo
+    from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
+    from specmm.vlm.train import jsonl_batches
+    from specmm.zoo import captioner, captioner_drafters
+
+    device = torch.device(args.device)
+    if args.target:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        target = AutoModelForImageTextToText.from_pretrained(args.target, dtype=args.dtype,
+                                                             attn_implementation="sdpa").to(device).eval()
+        processor = AutoProcessor.from_pretrained(args.target)
+    else:
+        models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
+        target, processor = models.target, models.processor
+    if args.data:
+        batches = jsonl_batches(args.data, processor, args.prompt, args.batch_size)
+    elif args.target:
+        raise ValueError("--data: a captions .jsonl (e.g. from `specmm caption`) is needed with --target")
+    else:
+        pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
+        batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
+    drafter = (VisionDrafter.from_pretrained(args.init, target) if args.init
+               else VisionDrafter.for_target(target, method=args.method))
+    for stage, steps in (("text", args.text_steps), ("multimodal", args.multimodal_steps)):
+        if steps:
+            config = DrafterTrainConfig(steps=steps, lr=args.lr)
+            losses = train_drafter(target, processor, drafter, batches, config, stage=stage,
+                                   checkpoint_dir=f"{args.out}/{stage}")
+            if losses:
+                print(f"{stage}: final loss {sum(losses[-10:]) / len(losses[-10:]):.4f}")
+    drafter.save_pretrained(args.out)
+    print(f"saved the {drafter.method} drafter to {args.out}")
+    return 0
+
+
+def cmd_caption(args) -> int:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+    from specmm.drafters import ModelDrafter, PromptLookupDrafter
+    from specmm.vlm import SpeculativeVLM, caption_images, find_images
+    from specmm.vlm.caption import DEFAULT_PROMPT, check_output
+
+    paths = find_images(args.images)  # cheap errors before any model is loaded
+    check_output(args.out, args.resume)
+    sampling = specmm.SamplingConfig(temperature=args.temperature)
+    device = torch.device(args.device)
+    load = dict(dtype=args.dtype, attn_implementation="sdpa")
+    target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()
+    processor = AutoProcessor.from_pretrained(args.target)
+    draft = DRAFT_DEFAULTS.get(device.type, DRAFT_DEFAULTS["cuda"])
+    tree = specmm.TreeSpec.dynamic(depth=draft["depth"], top_k=draft["top_k"], total_tokens=draft["total_tokens"])
+    if args.draft_lm:
+        drafter = ModelDrafter(AutoModelForCausalLM.from_pretrained(args.draft_lm, **load).to(device).eval())
+    elif args.drafter == "prompt-lookup":
+        drafter, tree = PromptLookupDrafter(ngram=3, k=8), specmm.TreeSpec.chain(8)
+    else:
+        try:
+            from specmm.vlm import VisionDrafter
+        except ImportError:
+            raise ValueError(f"--drafter {args.drafter}: a drafter folder needs specmm.vlm.VisionDrafter, which "
+                             "this install lacks; use --drafter prompt-lookup or --draft-lm DIR") from None
+        drafter = VisionDrafter.from_pretrained(args.drafter, target)
+    svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                             resume=args.resume, sampling=sampling, prompt=args.prompt or DEFAULT_PROMPT)
+    done = summary.caption
+    print(f"captioned {done.captioned}, skipped {done.skipped}, unreadable {done.errors}; "
+          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
+          f"-> {args.out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Register `train-drafter` and `caption`."""
+    train = sub.add_parser("train-drafter", help="train a VisionDrafter against a VLM by online distillation")
+    train.add_argument("--method", default="vispec", help="eagle | msd | vispec | dream | flash")
+    train.add_argument("--target", help="local HF VLM folder (default: the zoo captioner)")
+    train.add_argument("--data", help="captions .jsonl with image and caption fields (e.g. `specmm caption` output "
+                       "of the target itself: ViSpec's regeneration recipe)")
+    train.add_argument("--prompt", default="Describe the picture in detail.", help="instruction used with --data")
+    train.add_argument("--init", help="start from this drafter folder (e.g. a text-stage checkpoint)")
+    train.add_argument("--out", required=True, help="output folder (checkpoints under OUT/text, OUT/multimodal)")
+    train.add_argument("--scale", default="cpu")
+    train.add_argument("--scenes", type=positive_int, default=512, help="zoo scenes to regenerate (no --data)")
+    train.add_argument("--text-steps", type=int, default=120)
+    train.add_argument("--multimodal-steps", type=int, default=330)
+    train.add_argument("--batch-size", type=positive_int, default=8)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--device", default=default_device())
+    train.add_argument("--dtype", type=dtype_arg, default=torch.float32)
+    train.set_defaults(func=cmd_train_drafter)
+
+    caption = sub.add_parser("caption", help="caption a folder of images with a VLM into a JSON-lines file")
+    caption.add_argument("--target", required=True, help="local HF VLM folder with its processor")
+    drafter = caption.add_mutually_exclusive_group(required=True)
+    drafter.add_argument("--drafter", help="specmm VisionDrafter folder, or 'prompt-lookup'")
+    drafter.add_argument("--draft-lm", help="local HF folder of a small causal LM with the target's vocabulary")
+    caption.add_argument("--images", required=True, help="a folder of images or a glob pattern")
+    caption.add_argument("--out", required=True, help="output .jsonl file (one line per image)")
+    caption.add_argument("--batch-size", type=positive_int, default=8)
+    caption.add_argument("--max-new-tokens", type=positive_int, default=128)
+    caption.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    caption.add_argument("--prompt", help="instruction (default: specmm.vlm.caption.DEFAULT_PROMPT); the "
+                         "processor's image token is prepended when absent")
+    caption.add_argument("--resume", action="store_true", help="skip images already in --out")
+    caption.add_argument("--device", default=default_device())
+    caption.add_argument("--dtype", type=dtype_arg, default=torch.float32)
+    caption.set_defaults(func=cmd_caption)
+
+
+__all__ = ["add_parsers", "cmd_caption", "cmd_train_drafter"]

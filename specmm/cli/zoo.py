@@ -1,0 +1,40 @@
+"""`specmm zoo list|build|path`: the reference models specmm trains itself."""
+
+from __future__ import annotations
+
+import json
+
+
+def cmd_zoo(args) -> int:
+    from specmm import zoo
+
+    if args.zoo_command == "list":
+        for entry in zoo.REGISTRY.values():
+            built = [scale for scale in entry.recipes if zoo.is_built(entry.name, scale)]
+            print(f"{entry.name:<19} scales: {', '.join(entry.recipes):<16} built: {', '.join(built) or '-':<10} "
+                  f"{entry.description}")
+    elif args.zoo_command == "build":
+        path = zoo.build(args.name, args.scale, seed=args.seed, force=args.force)
+        record = zoo.record(args.name, args.scale)
+        print(json.dumps({k: v for k, v in record.items() if k not in ("files", "recipe")}, indent=2))
+        print(path)
+    else:
+        print(zoo.path(args.name, args.scale))
+    return 0
+
+
+def add_parser(sub) -> None:
+    zoo = sub.add_parser("zoo", help="reference models specmm trains itself")
+    zsub = zoo.add_subparsers(dest="zoo_command", required=True)
+    zsub.add_parser("list")
+    for name in ("build", "path"):
+        p = zsub.add_parser(name)
+        p.add_argument("name")
+        p.add_argument("--scale", default="cpu")
+        if name == "build":
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--force", action="store_true", help="discard any existing build and start over")
+    zoo.set_defaults(func=cmd_zoo)
+
+
+__all__ = ["add_parser", "cmd_zoo"]
