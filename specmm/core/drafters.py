@@ -111,13 +111,14 @@ class ModelDrafter:
         self.device = model_device(model)
         self.draft_forwards = 0
         self.runner: ModelRunner | None = None
+        self.static_plan = None  # set by the engine in compiled mode
 
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
     @torch.no_grad()
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
-        self.runner = ModelRunner(self.model, input_ids.shape[0])
+        self.runner = ModelRunner(self.model, input_ids.shape[0], static=self.static_plan)
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
             self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)

@@ -144,6 +144,7 @@ class EagleDrafter:
         self.device = model_device(head)
         self.draft_forwards = 0
         self.runner: ModelRunner | None = None
+        self.static_plan = None  # set by the engine in compiled mode
 
     @classmethod
     def for_target(cls, target, **config_overrides) -> EagleDrafter:
@@ -190,7 +191,7 @@ class EagleDrafter:
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         target_features = prefill.features
         batch, length = input_ids.shape
-        self.runner = ModelRunner(self.head, batch)
+        self.runner = ModelRunner(self.head, batch, static=self.static_plan)
         self.draft_forwards = 0
         self.next_position = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B]
         hidden = self.head.config.hidden_size

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -22,6 +23,8 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
+from specmm.core.compiled import CompileClock, StaticPlan
+from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.stats import GenerationStats
@@ -80,7 +83,9 @@ class SpeculativeGenerator:
     """Speculative decoding of a target with a drafter, over batches, chains or trees."""
 
     def __init__(self, target, drafter: Drafter, tree: TreeSpec | None = None,
-                 acceptance: str | AcceptanceRule = "exact"):
+                 acceptance: str | AcceptanceRule = "exact", compile: bool = False):
+        """`compile=True` is the fast path: static caches, rows that stay in the batch (static shapes),
+        `torch.compile`d forwards (CUDA graphs on CUDA), one host sync per round; outputs are identical."""
         self.target: Target = as_target(target)
         if not isinstance(drafter, Drafter):
             raise ValueError(f"drafter: {type(drafter).__name__} does not implement the specmm Drafter protocol")
@@ -102,6 +107,29 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance: expected 'exact', 'greedy' or an AcceptanceRule, got {acceptance!r}")
         self.greedy_only = acceptance == "greedy"
         self.drafter = drafter
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile: expected True or False, got {compile!r}")
+        self.compile = compile
+        if compile:
+            self._check_fast_path()
+
+    def _check_fast_path(self) -> None:
+        """Say, once and before any work, which parts cannot take the fast path and run eager instead."""
+        for role, part in (("target", self.target), ("drafter", self.drafter)):
+            if hasattr(part, "static_plan"):
+                continue
+            note = getattr(part, "fast_path_note", None)
+            if note is not None:
+                logger.info("compile=True: the %s %s stays eager (%s)", role, type(part).__name__, note)
+            else:
+                warnings.warn(f"compile=True: the {role} {type(part).__name__} has no static-cache path; it runs "
+                              "eager (outputs are unchanged)", RuntimeWarning, stacklevel=3)
+
+    def static_plan(self, prompt_length: int, max_new_tokens: int) -> StaticPlan:
+        """Cache slots for the prompt, the budget and one tree round, bucketed so similar calls share shapes."""
+        slots = prompt_length + max_new_tokens + self.tree.num_nodes + self.tree.depth + 2
+        mode = "reduce-overhead" if torch.device(self.target.device).type == "cuda" else None
+        return StaticPlan(max_len=static_cache_length(slots), compile=True, mode=mode)
 
     def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator,
                       streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
@@ -145,13 +173,18 @@ class SpeculativeGenerator:
     # ------------------------------------------------------------------ the round step
     @torch.no_grad()
     def begin(self, input_ids: Tensor, attention_mask: Tensor, sampling: SamplingConfig = GREEDY,
-              generators: Generators = None, **model_inputs) -> Tensor:
+              generators: Generators = None, max_new_tokens: int = 64, **model_inputs) -> Tensor:
         """Start a generation: prefill the target (and its conditioning) and the drafter.
 
         Returns the first roots [B]: the prompt's last token, or, for a [B, 0] prompt of conditioning inputs
         only, a token drawn from the target's prefill logits (the caller counts it as generated).
         """
         target, drafter = self.target, self.drafter
+        if self.compile:
+            plan = self.static_plan(input_ids.shape[1], max_new_tokens)
+            for part in (target, drafter):
+                if hasattr(part, "static_plan"):
+                    part.static_plan = plan
         target.start(input_ids.shape[0], needs=drafter.needs)
         if input_ids.shape[1] == 0:
             prefill = target.prefill(input_ids, attention_mask, **model_inputs)
@@ -166,13 +199,20 @@ class SpeculativeGenerator:
         return input_ids[:, -1]
 
     @torch.no_grad()
-    def step(self, roots: Tensor, sampling: SamplingConfig = GREEDY, generators: Generators = None) -> RoundOutput:
+    def step(self, roots: Tensor, sampling: SamplingConfig = GREEDY, generators: Generators = None,
+             alive: Tensor | None = None) -> RoundOutput:
         """One round for the live rows: draft a tree under `roots` [b], verify it in one target forward,
-        accept a path per row, commit it to the target's cache and tell the drafter."""
+        accept a path per row, commit it to the target's cache and tell the drafter.
+
+        alive: [b] bool, for rows kept in the batch after they stopped (compiled mode keeps shapes static):
+        those rows accept nothing and commit only their root, so their caches stay within bounds.
+        """
         target, drafter = self.target, self.drafter
         tree = drafter.draft(roots, self.tree, sampling, generators)
         verified = target.verify(tree)
         result = accept(tree, verified.logits, sampling, self.rule, generators)
+        if alive is not None:
+            result.num_accepted = torch.where(alive, result.num_accepted, 0)
         target.commit(result.path, result.num_accepted + 1)
         path_features = None
         if FEATURES in drafter.needs:
@@ -211,6 +251,7 @@ class SpeculativeGenerator:
         device = self.target.device
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
         criteria = ([EosCriterion(eos, device)] if eos else []) + list(stopping)
+        compiling_before = CompileClock.seconds
         synchronize(device)
         started = time.perf_counter()
         _stream_prompt(streamer, input_ids, attention_mask)
@@ -223,6 +264,7 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.end()
         synchronize(device)
+        stats.compile_time_s = CompileClock.seconds - compiling_before
         stats.wall_time_s = time.perf_counter() - started
         stats.draft_forwards = self.drafter.draft_forwards
         stats.new_tokens_per_row = counts.tolist()
@@ -244,19 +286,24 @@ class SpeculativeGenerator:
         moved = torch.zeros((), device=device)
         active = torch.arange(batch, device=device)  # original row of each live row
         stats, generators = GenerationStats(), generator
-        roots = self.begin(input_ids, attention_mask, sampling, generators, **model_inputs)
+        alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
+        roots = self.begin(input_ids, attention_mask, sampling, generators, max_new_tokens, **model_inputs)
         if input_ids.shape[1] == 0:  # the conditioning prefill drew the first token
             first = RoundOutput(tree=None, path=None, num_accepted=torch.zeros_like(roots), next_token=roots,
                                 new_tokens=roots[:, None])
             stats.target_forwards += 1
             roots, generators, active, _ = self._record(first, out, counts, rounds, histogram, active, roots,
-                                                        generators, max_new_tokens, criteria, pad, streamer, batch)
+                                                        generators, max_new_tokens, criteria, pad, streamer, batch,
+                                                        alive)
+        alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         while active.numel():
-            result = self.step(roots, sampling, generators)
+            result = self.step(roots, sampling, generators, alive)
             stats.target_forwards += 1
             roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
                                                            result.next_token, generators, max_new_tokens,
-                                                           criteria, pad, streamer, batch)
+                                                           criteria, pad, streamer, batch, alive)
+            if alive is not None and not bool(alive.any()):  # compiled mode's one host sync per round
+                break
             if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
                 per_draft = result.diagnostics["moved_mass"]  # [b, D]
                 kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
@@ -265,11 +312,15 @@ class SpeculativeGenerator:
         return out, counts, rounds, histogram, stats
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
-                max_new_tokens, criteria, pad, streamer, batch):
-        """Write a round's kept tokens, apply the stopping criteria, and drop the rows that stopped."""
+                max_new_tokens, criteria, pad, streamer, batch, alive=None):
+        """Write a round's kept tokens and apply the stopping criteria. Rows that stopped leave the batch, or,
+        in compiled mode (`alive` [B] given), stay with nothing more kept: no host sync here."""
         new = result.new_tokens  # [b, n]
-        histogram += torch.bincount(result.num_accepted, minlength=histogram.numel())[: histogram.numel()]
         take = torch.minimum(result.num_accepted + 1, max_new_tokens - counts[active])
+        if alive is not None:
+            take = torch.where(alive, take, 0)
+        counted = torch.nn.functional.one_hot(result.num_accepted, histogram.numel()) * (take > 0)[:, None]
+        histogram += counted.sum(0)  # [D+1] (no bincount: it syncs on CUDA)
         done = take >= max_new_tokens - counts[active]
         steps = torch.arange(new.shape[1], device=new.device)
         for criterion in criteria:
@@ -279,9 +330,11 @@ class SpeculativeGenerator:
             done = done | hit
         out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new, out.new_tensor(pad))
         counts[active] += take
-        rounds[active] += 1
+        rounds[active] += (take > 0).long()
         _stream_round(streamer, batch, active, new, take)
-        if bool(done.any()):
+        if alive is not None:
+            alive &= ~done
+        elif bool(done.any()):
             keep = (~done).nonzero().flatten()
             self.select_rows(keep)
             roots = roots[keep]

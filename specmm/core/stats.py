@@ -98,6 +98,7 @@ class GenerationStats:
     draft_forwards: int = 0  # drafter forwards (batched), prefill included
     new_tokens: int = 0  # over all rows
     wall_time_s: float = 0.0  # device-synchronised, prefill included
+    compile_time_s: float = 0.0  # first calls of new compiled shapes inside this generation (included in wall time)
     new_tokens_per_row: list[int] = field(default_factory=list)
     target_forwards_per_row: list[int] = field(default_factory=list)  # target forwards each row took part in
     accepted_histogram: list[int] = field(default_factory=list)  # [n]: row-rounds that accepted n drafts

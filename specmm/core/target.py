@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
+from specmm.core.compiled import StaticPlan, compiled_forward
+from specmm.core.static_cache import StaticRowCache
 from specmm.core.tree import DraftTree
 
 TREE_ATTENTION_BACKENDS = ("sdpa", "eager")
@@ -72,11 +74,18 @@ def mask_layout(model: nn.Module) -> tuple[str, int | None]:
 class ModelRunner:
     """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
 
-    def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None):
+    def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None,
+                 static: StaticPlan | None = None):
         self.model = model
         self.backend = attention_backend(model)
         self.layout, self.window = mask_layout(model)
-        self.cache = RowCache(batch, model_device(model))
+        self.compiled = None
+        if static is None:
+            self.cache = RowCache(batch, model_device(model))
+        else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
+            layers = model.config.get_text_config().num_hidden_layers
+            self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len)
+            self.compiled = compiled_forward(model, static.mode) if static.compile else None
         self._captured: Tensor | None = None
         self._hook = capture.register_forward_hook(self._capture) if capture is not None else None
 
@@ -104,8 +113,11 @@ class ModelRunner:
         else:  # one mask per layer type, as HF models with mixed layers accept
             mask = {"full_attention": self._format(full),
                     "sliding_attention": self._format(self.cache.windowed(full, self.window))}
-        return self.model(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache,
-                          use_cache=True, **inputs)
+        call = self.model
+        if self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated:
+            call = self.compiled  # prefills (logits_to_keep, or the first forward) stay eager: one shape each
+        return call(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache, use_cache=True,
+                    **inputs)
 
     def _format(self, mask: Tensor) -> Tensor:
         """Bool masks for sdpa; additive float masks for eager attention."""
@@ -203,6 +215,7 @@ class HFCausalLMTarget:
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)
         self.runner: ModelRunner | None = None
+        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         self.close()
@@ -213,7 +226,7 @@ class HFCausalLMTarget:
         if FEATURES in needs and capture is None:
             raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
         self.needs = frozenset(needs)
-        self.runner = ModelRunner(self.model, batch, capture=capture)
+        self.runner = ModelRunner(self.model, batch, capture=capture, static=self.static_plan)
 
     def close(self) -> None:
         if self.runner is not None:

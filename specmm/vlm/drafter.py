@@ -87,7 +87,7 @@ class VisionDrafter(EagleDrafter):
         self.global_vector = self.global_vector[rows]
 
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
-        self.runner = ModelRunner(self.head, input_ids.shape[0])
+        self.runner = ModelRunner(self.head, input_ids.shape[0], static=self.static_plan)
         self.draft_forwards = 0
         inputs, valid, positions, global_vector, stats = self.prefill_inputs(input_ids, attention_mask, prefill)
         self.global_vector = global_vector
