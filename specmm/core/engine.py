@@ -18,10 +18,12 @@ from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, AcceptResult, accept_greedy, accept_sampled
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.limits import check_generation_positions, check_tree_vocab
+from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
 from specmm.core.stats import GenerationStats
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, select_generators
 from specmm.core.target import FEATURES, Target, as_target
-from specmm.core.tree import TreeSpec
+from specmm.core.tree import TreeSpec, limit_depth
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class SpeculativeGenerator:
         if not isinstance(self.tree, TreeSpec):
             raise ValueError(f"tree: expected a TreeSpec, got {type(self.tree).__name__}")
         drafter.check_spec(self.tree)
+        check_tree_vocab(self.tree, self.target.vocab_size)
         if acceptance == "exact" or acceptance == "greedy":
             self.rule: AcceptanceRule = EXACT
         elif isinstance(acceptance, AcceptanceRule):
@@ -64,8 +67,8 @@ class SpeculativeGenerator:
         self.greedy_only = acceptance == "greedy"
         self.drafter = drafter
 
-    def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator,
-                      streamer) -> tuple[Tensor, Tensor, list[int]]:
+    def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id,
+                      generator, streamer) -> tuple[Tensor, Tensor, list[int]]:
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids: expected a [batch, length] LongTensor")
         if input_ids.numel() == 0:
@@ -91,6 +94,12 @@ class SpeculativeGenerator:
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         if any(not isinstance(e, int) or not 0 <= e < vocab for e in eos):
             raise ValueError(f"eos_token_id: expected ids in [0, {vocab}), got {eos_token_id!r}")
+        # stock checkpoints (specmm.core.limits): pad id in the vocabulary, positions the model gives exactly
+        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+                                         or not 0 <= pad_token_id < vocab):
+            raise ValueError(f"pad_token_id: expected an id in [0, {vocab}) (argument or the model's "
+                             f"generation_config), got {pad_token_id!r}")
+        check_generation_positions(getattr(self.target, "model", None), attention_mask, max_new_tokens)
         if generator is not None and not isinstance(generator, torch.Generator):
             if len(generator) != input_ids.shape[0]:
                 raise ValueError(f"generator: expected one generator or {input_ids.shape[0]} (one per row), "
@@ -98,7 +107,7 @@ class SpeculativeGenerator:
         if streamer is not None and not (hasattr(streamer, "put") and hasattr(streamer, "end")):
             raise ValueError("streamer: expected an object with put() and end() (like transformers' TextStreamer)")
         device = self.target.device
-        return input_ids.to(device), attention_mask.to(device).long(), eos
+        return input_ids.to(device).long(), attention_mask.to(device).long(), eos
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 64,
@@ -108,9 +117,15 @@ class SpeculativeGenerator:
         """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L].
 
         `model_inputs` (e.g. `pixel_values`) go to the target's prefill, for targets that take them.
+        `eos_token_id` / `pad_token_id` default to the target model's `generation_config`, whose logits
+        processors apply at every tree node (or are refused before any work; see `specmm.core.processors`).
+        Sampling warpers come from `sampling` alone, never from the generation config.
         """
+        model = getattr(self.target, "model", None)
+        eos_token_id, pad_token_id = resolve_special_tokens(model, eos_token_id, pad_token_id)
         input_ids, attention_mask, eos = self._check_inputs(
-            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator, streamer)
+            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id, generator, streamer)
+        processor = TreeLogitsProcessor.from_model(model, eos)  # None when the generation config sets none
         self.target.check_model_inputs(model_inputs)
         device = self.target.device
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
@@ -123,7 +138,8 @@ class SpeculativeGenerator:
         target.start(batch, needs=drafter.needs)
         try:
             out, counts, rounds, histogram, stats = self._loop(
-                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs)
+                input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs,
+                processor)
         finally:
             target.close()  # removes any feature hook from the user's model
         if streamer is not None:
@@ -138,7 +154,8 @@ class SpeculativeGenerator:
         width = int(counts.max())
         return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
 
-    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs):
+    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, pad, generator, streamer, model_inputs,
+              processor: TreeLogitsProcessor | None = None):
         """Prefill, then draft -> verify -> accept -> commit until every row is done."""
         target, drafter, device, batch = self.target, self.drafter, self.target.device, input_ids.shape[0]
         prefill = target.prefill(input_ids[:, :-1], attention_mask[:, :-1], **model_inputs)
@@ -155,9 +172,13 @@ class SpeculativeGenerator:
         histogram = torch.zeros(self.tree.depth + 1, dtype=torch.long, device=device)
         while active.numel():
             tree = drafter.draft(roots, self.tree, sampling, generators)
+            tree = limit_depth(tree, max_new_tokens - counts[active] - 1)  # no node past a row's token budget
             verified = target.verify(tree)
             stats.target_forwards += 1
-            result = self._accept(tree, verified.logits, sampling, generators)
+            logits = verified.logits  # [b, T, V]
+            if processor is not None:  # generation_config's processors, each node after its own sequence
+                logits = processor(logits, tree, History.of(input_ids, attention_mask, out, counts, active))
+            result = self._accept(tree, logits, sampling, generators)
             histogram += torch.bincount(result.num_accepted, minlength=histogram.numel())[: histogram.numel()]
             new = accepted_tokens(tree, result)  # [b, D+1]
             take, finished = self._truncate(new, result, max_new_tokens - counts[active], eos_ids)
