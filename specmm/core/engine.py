@@ -117,9 +117,9 @@ class SpeculativeGenerator:
         """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L].
 
         `model_inputs` (e.g. `pixel_values`) go to the target's prefill, for targets that take them.
-        `eos_token_id` / `pad_token_id` default to the target model's `generation_config`, whose logits
-        processors apply at every tree node (or are refused before any work; see `specmm.core.processors`).
-        Sampling warpers come from `sampling` alone, never from the generation config.
+        `eos_token_id` / `pad_token_id` default to the target model's `generation_config` (`eos_token_id=[]`:
+        no EOS even when it sets one), whose logits processors apply at every tree node (or are refused
+        before any work; see `specmm.core.processors`). Sampling warpers come from `sampling` alone.
         """
         model = getattr(self.target, "model", None)
         eos_token_id, pad_token_id = resolve_special_tokens(model, eos_token_id, pad_token_id)

@@ -12,6 +12,9 @@ import functools
 import pytest
 import torch
 from transformers import (
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+    MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
@@ -114,35 +117,55 @@ def test_generation_config_eos_and_pad_are_used_when_not_passed():
     assert torch.equal(passed.sequences,
                        target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                                        eos_token_id=other))
+    no_eos = specmm.SpeculativeGenerator(target, ModelDrafter(target)).generate(
+        ids, attention_mask=mask, max_new_tokens=MAX_NEW, eos_token_id=[])  # [] turns the config's EOS off
+    assert torch.equal(no_eos.sequences, free)
 
 
-def test_every_tree_node_is_processed_like_hf_after_its_own_sequence():
+NODE_CASES = {  # generation_config settings -> HF's processors for them (prompt width, ignored columns, eos)
+    "penalty-ngram2-min_new-suppress": (
+        dict(repetition_penalty=1.7, no_repeat_ngram_size=2, min_new_tokens=5, suppress_tokens=[3, 4],
+             begin_suppress_tokens=[5, 6]),
+        lambda width, ignore, eos: [
+            RepetitionPenaltyLogitsProcessor(1.7, prompt_ignore_length=ignore), NoRepeatNGramLogitsProcessor(2),
+            MinNewTokensLengthLogitsProcessor(width, 5, eos), SuppressTokensLogitsProcessor([3, 4]),
+            SuppressTokensAtBeginLogitsProcessor([5, 6], width)]),
+    "reward-ngram3-min_length-invalid-renormalize": (
+        dict(repetition_penalty=0.8, no_repeat_ngram_size=3, min_length=13, remove_invalid_values=True,
+             renormalize_logits=True),
+        lambda width, ignore, eos: [
+            RepetitionPenaltyLogitsProcessor(0.8, prompt_ignore_length=ignore), NoRepeatNGramLogitsProcessor(3),
+            MinLengthLogitsProcessor(13, eos), InfNanRemoveLogitsProcessor(), LogitNormalization()]),
+}
+
+
+@pytest.mark.parametrize("case", list(NODE_CASES))
+def test_every_tree_node_is_processed_like_hf_after_its_own_sequence(case):
     """Node by node: the processed logits equal HF's processor classes run on the node's explicit sequence."""
+    settings_, hf_processors = NODE_CASES[case]
     vocab, eos = 40, 7
     target = tiny_model("llama", vocab=vocab)
-    config = target.generation_config
-    config.repetition_penalty, config.no_repeat_ngram_size, config.min_new_tokens = 1.7, 2, 5
-    config.suppress_tokens, config.begin_suppress_tokens = [3, 4], [5, 6]
+    for name, value in settings_.items():
+        setattr(target.generation_config, name, value)
     processor = TreeLogitsProcessor.from_model(target, [eos])
     gen = torch.Generator().manual_seed(0)
     prompt, prompt_mask = left_padded_batch([6, 3, 5], vocab=vocab, seed=2)
-    prompt[:, -3:] = torch.tensor([[9, 10, 9], [9, 10, 9], [1, 2, 1]])  # repeated bigrams to ban
+    prompt[:, -3:] = torch.tensor([[9, 10, 9], [9, 10, 9], [1, 2, 1]])  # repeated n-grams to ban
     counts = torch.tensor([0, 3, 1])
-    new_tokens = torch.randint(0, vocab, (3, 8), generator=gen)
+    new_tokens = torch.randint(0, 12, (3, 8), generator=gen)  # few distinct tokens: n-grams repeat
     history = History.of(prompt, prompt_mask, new_tokens, counts, torch.arange(3))
     roots = history.tokens.gather(1, (history.lengths - 1)[:, None])[:, 0]
     spec = specmm.TreeSpec.dynamic(depth=4, top_k=3, total_tokens=16)
     tree = grow_tree(spec, roots, torch.randn(3, vocab, generator=gen),
-                     lambda tokens, parents: torch.randn(*tokens.shape, vocab, generator=gen),
+                     lambda tokens, parents: torch.randn(*tokens.shape, vocab, generator=gen) * 3,
                      specmm.SamplingConfig(0.0))
     logits = torch.randn(3, tree.num_nodes, vocab, generator=gen, dtype=torch.float64)
+    logits[0, 1, 0], logits[1, 2, 1] = torch.inf, -torch.inf
     processed = processor(logits, tree, history)
 
-    width = prompt.shape[1]
+    width, changed = prompt.shape[1], 0
     for b in range(3):
-        hf = [RepetitionPenaltyLogitsProcessor(1.7, prompt_ignore_length=history.pad_before[b:b + 1]),
-              NoRepeatNGramLogitsProcessor(2), MinNewTokensLengthLogitsProcessor(width, 5, eos),
-              SuppressTokensLogitsProcessor([3, 4]), SuppressTokensAtBeginLogitsProcessor([5, 6], width)]
+        hf = hf_processors(width, history.pad_before[b:b + 1], eos)
         for node in range(tree.num_nodes):
             path = tree.path_to(torch.tensor([node]).expand(3))[b, 1: int(tree.depth[b, node]) + 1]
             sequence = torch.cat([history.tokens[b, : history.lengths[b]], tree.tokens[b, path]])[None]
@@ -150,6 +173,8 @@ def test_every_tree_node_is_processed_like_hf_after_its_own_sequence():
             for p in hf:
                 scores = p(sequence, scores)
             assert torch.equal(processed[b, node], scores[0]), f"row {b}, node {node}"
+            changed += int((scores[0] < -1e30).sum())  # banned: -inf, or the float32 minimum after remove_invalid
+    assert changed > 0, "some tokens must be banned for the comparison to mean anything"
 
 
 @functools.cache
