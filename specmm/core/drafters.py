@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
+from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import PrefillOutput, ModelRunner, attention_backend, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
@@ -106,6 +107,7 @@ class ModelDrafter:
 
     def __init__(self, model: nn.Module):
         attention_backend(model)
+        check_position_scheme(model, "drafter")
         self.model = model
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)
@@ -184,7 +186,7 @@ class PromptLookupDrafter:
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         valid = attention_mask.bool()
         order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices
-        self.history = input_ids.gather(1, order)  # [B, L] real tokens left-aligned, ending with the root
+        self.history = input_ids.long().gather(1, order)  # [B, L] real tokens left-aligned, ending with the root
         self.lengths = valid.sum(1)  # [B]
 
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:

@@ -26,10 +26,12 @@ from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.compiled import CompileClock, StaticPlan
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.limits import check_generation_positions, check_tree_vocab
+from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.stats import GenerationStats
 from specmm.core.target import FEATURES, Target, as_target
-from specmm.core.tree import DraftTree, TreeSpec
+from specmm.core.tree import DraftTree, TreeSpec, limit_depth
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class RoundOutput:
     next_token: Tensor  # [b] the target's token after the path (bonus or correction): the next root
     new_tokens: Tensor  # [b, D+1] accepted drafts, then next_token at index num_accepted (junk past it)
     diagnostics: dict[str, Tensor] = field(default_factory=dict)  # the rule's own, each [b, D] per accepted draft
-    target_logits: Tensor | None = None  # [b, T, V] raw verify logits after each tree node (None for a first token)
+    target_logits: Tensor | None = None  # [b, T, V] verify logits after each node, generation_config processors applied
 
 
 @runtime_checkable
@@ -99,6 +101,7 @@ class SpeculativeGenerator:
         if not isinstance(self.tree, TreeSpec):
             raise ValueError(f"tree: expected a TreeSpec, got {type(self.tree).__name__}")
         drafter.check_spec(self.tree)
+        check_tree_vocab(self.tree, self.target.vocab_size)
         if acceptance == "exact" or acceptance == "greedy":
             self.rule: AcceptanceRule = EXACT
         elif isinstance(acceptance, AcceptanceRule):
@@ -107,6 +110,7 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance: expected 'exact', 'greedy' or an AcceptanceRule, got {acceptance!r}")
         self.greedy_only = acceptance == "greedy"
         self.drafter = drafter
+        self.processor: TreeLogitsProcessor | None = None  # the model's generation_config processors, per generate
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")
         self.compile = compile
@@ -131,8 +135,8 @@ class SpeculativeGenerator:
         mode = "reduce-overhead" if torch.device(self.target.device).type == "cuda" else None
         return StaticPlan(max_len=static_cache_length(slots), compile=True, mode=mode)
 
-    def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator,
-                      streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
+    def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id,
+                      generator, streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids: expected a [batch, length] LongTensor")
         conditioned = input_ids.shape[1] == 0
@@ -161,6 +165,12 @@ class SpeculativeGenerator:
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         if any(not isinstance(e, int) or not 0 <= e < vocab for e in eos):
             raise ValueError(f"eos_token_id: expected ids in [0, {vocab}), got {eos_token_id!r}")
+        # stock checkpoints (specmm.core.limits): pad id in the vocabulary, positions the model gives exactly
+        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+                                         or not 0 <= pad_token_id < vocab):
+            raise ValueError(f"pad_token_id: expected an id in [0, {vocab}) (argument or the model's "
+                             f"generation_config), got {pad_token_id!r}")
+        check_generation_positions(getattr(self.target, "model", None), attention_mask, max_new_tokens)
         if generator is not None and not isinstance(generator, torch.Generator):
             if len(generator) != input_ids.shape[0]:
                 raise ValueError(f"generator: expected one generator or {input_ids.shape[0]} (one per row), "
@@ -200,17 +210,25 @@ class SpeculativeGenerator:
 
     @torch.no_grad()
     def step(self, roots: Tensor, sampling: SamplingConfig = GREEDY, generators: Generators = None,
-             alive: Tensor | None = None) -> RoundOutput:
+             alive: Tensor | None = None, budget: Tensor | None = None,
+             history: History | None = None) -> RoundOutput:
         """One round for the live rows: draft a tree under `roots` [b], verify it in one target forward,
         accept a path per row, commit it to the target's cache and tell the drafter.
 
         alive: [b] bool, for rows kept in the batch after they stopped (compiled mode keeps shapes static):
         those rows accept nothing and commit only their root, so their caches stay within bounds.
+        budget: [b] tokens each row may still take: deeper tree nodes are cut before the verify.
+        history: each row's sequence so far, which the generation_config processors (`self.processor`) read.
         """
         target, drafter = self.target, self.drafter
         tree = drafter.draft(roots, self.tree, sampling, generators)
+        if budget is not None:
+            tree = limit_depth(tree, budget - 1)  # no node past a row's token budget (or position limit)
         verified = target.verify(tree)
-        result = accept(tree, verified.logits, sampling, self.rule, generators)
+        logits = verified.logits  # [b, T, V]
+        if self.processor is not None:  # generation_config's processors, each node after its own sequence
+            logits = self.processor(logits, tree, history)
+        result = accept(tree, logits, sampling, self.rule, generators)
         if alive is not None:
             result.num_accepted = torch.where(alive, result.num_accepted, 0)
         target.commit(result.path, result.num_accepted + 1)
@@ -221,7 +239,7 @@ class SpeculativeGenerator:
         drafter.update(tree, result, path_features)
         return RoundOutput(tree=tree, path=result.path, num_accepted=result.num_accepted,
                            next_token=result.next_token, new_tokens=accepted_tokens(tree, result),
-                           diagnostics=result.diagnostics, target_logits=verified.logits)
+                           diagnostics=result.diagnostics, target_logits=logits)
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` [b'] of the live batch in the target and the drafter (between rounds)."""
@@ -241,10 +259,17 @@ class SpeculativeGenerator:
         """Generate up to `max_new_tokens` per row from left-padded `input_ids` [B, L].
 
         `model_inputs` (e.g. `pixel_values`, or a conditioning-only target's conditions) go to the target's
-        prefill. `stopping` adds criteria to EOS and the budget.
+        prefill. `stopping` adds criteria to EOS and the budget. `eos_token_id` / `pad_token_id` default to the
+        target model's `generation_config` (`eos_token_id=[]`: no EOS even when it sets one), whose logits
+        processors apply at every tree node (or are refused before any work; see `specmm.core.processors`).
+        Sampling warpers come from `sampling` alone.
         """
+        model = getattr(self.target, "model", None)
+        eos_token_id, pad_token_id = resolve_special_tokens(model, eos_token_id, pad_token_id)
         input_ids, attention_mask, eos = self._check_inputs(
-            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, generator, streamer, model_inputs)
+            input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id, generator, streamer,
+            model_inputs)
+        self.processor = TreeLogitsProcessor.from_model(model, eos)  # None when the generation config sets none
         if any(not isinstance(c, StoppingCriterion) for c in stopping):
             raise ValueError("stopping: expected StoppingCriterion callables (new_tokens, counts, rows) -> [b, n] bool")
         self.target.check_model_inputs(model_inputs)
@@ -297,7 +322,8 @@ class SpeculativeGenerator:
                                                         alive)
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         while active.numel():
-            result = self.step(roots, sampling, generators, alive)
+            history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
+            result = self.step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
             stats.target_forwards += 1
             roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
                                                            result.next_token, generators, max_new_tokens,

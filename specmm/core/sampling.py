@@ -31,13 +31,34 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
-            raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {t!r}")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {self.top_k!r}")
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):  # NaN fails too
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+
+    @classmethod
+    def from_generation_config(cls, config) -> SamplingConfig:
+        """The sampling a HF `GenerationConfig` asks for (`do_sample` false or unset: greedy).
+
+        The engine never reads warpers from a model's generation_config by itself (its `sampling` argument
+        decides); this builds that argument from a checkpoint's settings. Warpers SamplingConfig cannot express
+        (min_p, typical_p, epsilon_cutoff, eta_cutoff, top_h) are refused. Note HF's own default top_k is 50
+        when a generation config leaves it unset; here unset means no top-k filter.
+        """
+        if not getattr(config, "do_sample", False):
+            return GREEDY
+        unsupported = {"min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
+        for name, off in unsupported.items():
+            value = getattr(config, name, None)
+            if value is not None and value != off:
+                raise ValueError(f"generation_config.{name}={value!r}: SamplingConfig has no {name} warper; unset it "
+                                 "or build SamplingConfig(temperature, top_k, top_p) yourself")
+        temperature = config.temperature if config.temperature is not None else 1.0
+        return cls(temperature=float(temperature), top_k=int(config.top_k or 0),
+                   top_p=float(config.top_p if config.top_p is not None else 1.0))
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
 from specmm.core.compiled import StaticPlan, compiled_forward
+from specmm.core.limits import check_position_scheme, position_limit
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.tree import DraftTree
 
@@ -79,6 +80,7 @@ class ModelRunner:
         self.model = model
         self.backend = attention_backend(model)
         self.layout, self.window = mask_layout(model)
+        self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
         self.compiled = None
         if static is None:
             self.cache = RowCache(batch, model_device(model))
@@ -104,7 +106,11 @@ class ModelRunner:
 
     def forward(self, positions: Tensor, attend: Tensor, **inputs: Any):
         """Run n new round slots. positions: [B, n] (or [3, B, n] for M-RoPE, axis 0 used for windows);
-        attend: [B, n, R + n] over the round's slots."""
+        attend: [B, n, R + n] over the round's slots. Positions past an absolute position table are clamped to
+        its last row: only a drafter's nodes reach them (the engine checks the target's positions before any
+        forward and cuts tree nodes past each row's budget), and a worse draft there costs nothing but speed."""
+        if self.position_limit is not None:
+            positions = positions.clamp(max=self.position_limit - 1)
         full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend)
         if self.layout == "full":
             mask = self._format(full)
@@ -211,6 +217,7 @@ class HFCausalLMTarget:
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
             raise ValueError(f"target: {type(model).__name__} has no language-model head (expected a *ForCausalLM)")
         attention_backend(model)
+        check_position_scheme(model, "target")
         self.model = model
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)

@@ -7,6 +7,7 @@ paths and child tables are built level by level with tensor ops, never by a loop
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -118,6 +119,15 @@ class DraftTree:
         levels = torch.arange(self.max_depth + 1, device=node.device)
         at_level = rows[:, None, :] & (self.depth[:, None, :] == levels[None, :, None])  # [B, D+1, T]
         return at_level.to(torch.uint8).argmax(-1)
+
+
+def limit_depth(tree: DraftTree, max_depth: Tensor) -> DraftTree:
+    """Row b keeps only nodes at depth <= max_depth[b] ([B]) whose ancestors are all valid; the others become
+    invalid padding at depth 0, so verification runs them at the root's position (never past a position
+    limit or a row's token budget) and ignores them."""
+    valid = tree.valid & (tree.depth <= max_depth[:, None])
+    valid = ~((~valid)[:, None, :] & tree.ancestors).any(-1)  # [B, T] every ancestor-or-self kept
+    return dataclasses.replace(tree, valid=valid, depth=torch.where(valid, tree.depth, 0))
 
 
 def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:

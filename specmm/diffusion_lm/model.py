@@ -21,6 +21,12 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
+# upstream LLaDA config fields whose other values change the architecture (None in a config means "off")
+_LLADA_FIXED = {"alibi": False, "rope": True, "include_qkv_bias": False, "attention_layer_norm": False,
+                "scale_logits": False, "input_emb_norm": False, "multi_query_attention": False,
+                "layer_norm_type": "rms", "activation_type": "silu", "block_group_size": 1, "clip_qkv": None}
+
+
 @dataclass
 class LLaDAConfig:
     """The subset of LLaDA's config.json the architecture needs (field names as LLaDA writes them)."""
@@ -49,9 +55,14 @@ class LLaDAConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> LLaDAConfig:
+        """From LLaDA's config.json as published; variants this architecture does not implement are refused."""
         if raw.get("block_type", "llama") != "llama" or raw.get("include_bias", False):
             raise ValueError("config: only LLaDA's llama-style blocks without biases are supported "
                              f"(block_type={raw.get('block_type')!r}, include_bias={raw.get('include_bias')!r})")
+        for name, expected in _LLADA_FIXED.items():
+            if name in raw and raw[name] is not None and raw[name] != expected:
+                raise ValueError(f"config: {name}={raw[name]!r} is not supported (MaskedDiffusionLM implements "
+                                 f"LLaDA with {name}={expected!r})")
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in names})
 

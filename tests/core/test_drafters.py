@@ -39,6 +39,18 @@ def test_prompt_lookup_falls_back_to_shorter_ngrams_and_stops_at_the_context_end
     assert tree.tokens[0, 1:4].tolist() == [9, 2, 3] and tree.valid[0].tolist() == [True, True, True, True, False]
 
 
+def test_prompt_lookup_takes_int32_ids():
+    drafter = PromptLookupDrafter(ngram=2, k=3)
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6]], dtype=torch.int32)
+    drafter.start(ids, torch.ones_like(ids), None)
+    tree = drafter.draft(ids[:, -1].long(), specmm.TreeSpec.chain(3), specmm.SamplingConfig(0.0), None)
+    assert tree.tokens[0].tolist() == [6, 7, 8, 5]
+    result = specmm.core.AcceptResult(path=torch.tensor([[0, 1, 2, 3]]), num_accepted=torch.tensor([3]),
+                                 next_token=torch.tensor([9]))
+    drafter.update(tree, result, None)  # writes the long accepted tokens into the history
+    assert drafter.history[0, :10].tolist() == [5, 6, 7, 8, 5, 6, 7, 8, 5, 9]
+
+
 # ------------------------------------------------------------------------------------------------ EAGLE
 
 UPSTREAM_CONFIG = {

@@ -125,3 +125,12 @@ def test_greedy_mixed_full_and_sliding_layers_equal_target_generate():
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=SPECS["static"])
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, pad_token_id=PAD)
     assert torch.equal(out.sequences, reference)
+
+
+def test_int32_input_ids_give_the_same_tokens():
+    target, drafters, ids, mask, eos, reference = setup("llama")
+    for drafter in (ModelDrafter(drafters["perturbed"]), PromptLookupDrafter(ngram=2, k=5)):
+        gen = specmm.SpeculativeGenerator(target, drafter, tree=SPECS["chain3"])
+        out = gen.generate(ids.int(), attention_mask=mask.int(), max_new_tokens=MAX_NEW, eos_token_id=eos,
+                           pad_token_id=PAD)
+        assert out.sequences.dtype == torch.long and torch.equal(out.sequences, reference)

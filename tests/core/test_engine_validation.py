@@ -40,6 +40,9 @@ def test_draft_on_another_device_is_refused(counted):
 @pytest.mark.parametrize("kwargs, argument", [
     ({"temperature": -0.5}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_p": float("inf")}, "top_p"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
@@ -60,6 +63,8 @@ def test_bad_sampling_values_are_refused(kwargs, argument):
     (lambda ids, mask: dict(input_ids=ids, attention_mask=mask[:, 1:]), "attention_mask: shape"),
     (lambda ids, mask: dict(input_ids=ids, attention_mask=mask.flip(1)), "attention_mask: the last column"),
     (lambda ids, mask: dict(input_ids=ids, eos_token_id=10_000), "eos_token_id"),
+    (lambda ids, mask: dict(input_ids=ids, pad_token_id=96), "pad_token_id"),
+    (lambda ids, mask: dict(input_ids=ids, pad_token_id=-1), "pad_token_id"),
     (lambda ids, mask: dict(input_ids=ids, generator=[torch.Generator()]), "generator"),
     (lambda ids, mask: dict(input_ids=ids, sampling="greedy"), "sampling"),
     (lambda ids, mask: dict(input_ids=ids, streamer=object()), "streamer"),
@@ -102,3 +107,21 @@ def test_flash_attention_targets_are_refused():
     target.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation"):
         specmm.SpeculativeGenerator(target, PromptLookupDrafter())
+
+
+def test_generation_config_pad_outside_the_vocabulary_is_refused(counted):
+    target, draft, _ = counted
+    target.generation_config.pad_token_id = 96
+    ids, mask = left_padded_batch([3, 5], seed=0)
+    with pytest.raises(ValueError, match=r"pad_token_id: expected an id in \[0, 96\).*generation_config"):
+        make(target, draft).generate(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("tree, message", [
+    (specmm.TreeSpec.dynamic(depth=2, top_k=96, total_tokens=10), "tree: top_k=96 must be smaller"),
+    (specmm.TreeSpec.static([[0], [96]]), "tree: static choice rank 96 must be smaller"),
+])
+def test_tree_wider_than_the_vocabulary_is_refused(counted, tree, message):
+    target, draft, _ = counted
+    with pytest.raises(ValueError, match=message):
+        make(target, draft, tree=tree)

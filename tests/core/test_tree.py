@@ -9,7 +9,7 @@ import torch
 
 import specmm
 from specmm.core.sampling import SamplingConfig
-from specmm.core.tree import DraftTree, grow_tree
+from specmm.core.tree import DraftTree, grow_tree, limit_depth
 
 
 def random_tree(batch=3, nodes=9, seed=0) -> DraftTree:
@@ -108,3 +108,18 @@ def test_static_tree_takes_the_ranked_tokens_of_each_parent():
     first, second = ranked(5)[0], ranked(5)[1]
     assert tree.tokens[0].tolist() == [5, first, second, ranked(first)[0], ranked(first)[2], ranked(second)[1]]
     assert drafter.calls == 1  # one run for the level with children; the leaves at depth 2 never run
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_limit_depth_keeps_nodes_within_each_rows_budget_and_parks_the_rest_at_the_root(seed):
+    tree = random_tree(seed=seed)
+    tree.valid[0, -1] = False  # a drafter's own padding: its descendants must go too
+    limit = torch.tensor([1, 2, 10])
+    cut = limit_depth(tree, limit)
+    for b in range(3):
+        for i, chain in enumerate(ancestors_brute(tree.parents[b].tolist())):
+            keep = all(bool(tree.valid[b, j]) and int(tree.depth[b, j]) <= int(limit[b]) for j in chain)
+            assert bool(cut.valid[b, i]) == keep
+            assert int(cut.depth[b, i]) == (int(tree.depth[b, i]) if keep else 0)
+    kept = cut.ancestors & cut.valid[:, :, None]
+    assert torch.equal(kept, tree.ancestors & cut.valid[:, :, None])  # kept nodes keep their paths

@@ -53,6 +53,7 @@ def test_sampled_vispec_joint_distribution_matches_target():
     accepted = 0
     for _ in range(SAMPLES // CHUNK):
         out = gen.generate(prompt.expand(CHUNK, -1), max_new_tokens=2, sampling=SAMPLING, generator=generator,
+                           eos_token_id=[],  # no EOS (the generation config's would end rows early)
                            pixel_values=pixels.expand(CHUNK, -1, -1, -1))
         new = out.sequences[:, prompt.shape[1]:]
         counts += torch.bincount(new[:, 0] * VOCAB + new[:, 1], minlength=VOCAB * VOCAB)

@@ -1,0 +1,115 @@
+"""Position schemes of stock checkpoints: what a tree forward may not do that HF's step-by-step decoding never does.
+
+- Absolute position tables (GPT-2 `wpe`, OPT/BioGPT `embed_positions`) have a last row: a generation may not
+  need a position past it, and tree nodes past a row's token budget are cut (`tree.limit_depth`) so they
+  never index past it either.
+- Position-dependent RoPE variants pick their frequencies from the largest position in each forward
+  (`dynamic_rope_update`: longrope switches from short to long factors past
+  `original_max_position_embeddings`, dynamic NTK rescales past `max_position_embeddings`). A tree forward
+  reaches further than HF's one-token steps, so a generation that could cross the switching point is refused;
+  below it every forward uses the same frequencies as `generate`.
+- ALiBi models (Bloom, MPT, Falcon with alibi=True) build their biases from a 2-D padding mask inside HF and
+  cannot take tree masks with explicit positions: refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from specmm.core.tree import TreeSpec
+
+POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+
+
+def _text_config(model: nn.Module):
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def uses_alibi(model: nn.Module) -> bool:
+    """True for models whose attention adds ALiBi biases (Bloom, MPT, Falcon/others with alibi=True)."""
+    text = _text_config(model)
+    attn = getattr(text, "attn_config", None)
+    return (getattr(text, "alibi", False) is True or getattr(attn, "alibi", False) is True
+            or getattr(text, "position_embedding_type", None) == "alibi" or text.model_type == "bloom")
+
+
+def check_position_scheme(model: nn.Module, role: str) -> None:
+    """Raise ValueError (naming `role`, e.g. 'target') for position schemes tree verification cannot run."""
+    if getattr(model, "config", None) is not None and uses_alibi(model):
+        raise ValueError(
+            f"{role}: {type(model).__name__} uses ALiBi attention biases, which HF builds from a 2-D padding mask; "
+            "specmm verifies trees through 4-D attention masks and explicit position ids, which ALiBi models "
+            "cannot take. Use a RoPE or absolute-position model")
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """Rows of the model's absolute position-embedding table (positions 0..limit-1), None when it has none."""
+    if getattr(model, "config", None) is None:
+        return None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # not a VLM's vision tower
+    for name, module in decoder.named_modules():
+        if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in POSITION_TABLES:
+            return module.num_embeddings - int(getattr(module, "offset", 0))  # OPT/BioGPT shift positions by 2
+    return None
+
+
+def switching_ropes(model: nn.Module) -> list[tuple[str, int]]:
+    """[(rope type, threshold)]: RoPE variants whose frequencies change once a forward's largest position + 1
+    exceeds the threshold (HF's `dynamic_rope_update`)."""
+    if getattr(model, "config", None) is None:
+        return []
+    text = _text_config(model)
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return []
+    groups = list(params.values()) if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    found = []
+    for group in groups:
+        kind = group.get("rope_type", group.get("type", "default")) or "default"
+        if kind == "longrope":
+            threshold = group.get("original_max_position_embeddings") or getattr(
+                text, "original_max_position_embeddings", None) or text.max_position_embeddings
+            found.append((kind, int(threshold)))
+        elif "dynamic" in kind:
+            found.append((kind, int(text.max_position_embeddings)))
+    return found
+
+
+def check_generation_positions(model: Any, attention_mask: Tensor, max_new_tokens: int) -> None:
+    """Raise ValueError, before any forward, when a generation would need positions the model cannot give
+    exactly: past an absolute position table, or across a position-dependent RoPE switch.
+
+    attention_mask: [B, L] of the prompt. The largest position any forward runs is longest + max_new_tokens - 2
+    (the last new token is never run), both for `generate` and for specmm's budget-cut trees.
+    """
+    if not isinstance(model, nn.Module):
+        return
+    longest = int(attention_mask.sum(1).max())
+    needed = longest + max_new_tokens - 1  # positions 0..needed-1
+    name = type(model).__name__
+    limit = position_limit(model)
+    if limit is not None and needed > limit:
+        raise ValueError(
+            f"max_new_tokens: {name} has absolute position embeddings for {limit} positions; the longest prompt "
+            f"row ({longest} tokens) plus {max_new_tokens} new tokens needs {needed}. Use max_new_tokens <= "
+            f"{limit + 1 - longest} or a shorter prompt")
+    for kind, threshold in switching_ropes(model):
+        if needed > threshold:
+            raise ValueError(
+                f"max_new_tokens: {name} uses {kind!r} RoPE, whose frequencies switch once a forward reaches "
+                f"position {threshold} (HF picks them from the largest position in each forward, and tree forwards "
+                f"reach further than step-by-step decoding), so tokens past it could differ from generate. The "
+                f"longest prompt row ({longest} tokens) plus {max_new_tokens} new tokens needs {needed} positions; "
+                f"use max_new_tokens <= {threshold + 1 - longest}")
+
+
+def check_tree_vocab(spec: TreeSpec, vocab_size: int) -> None:
+    """Raise ValueError when a tree asks for more sibling candidates than the vocabulary has."""
+    if spec.kind == "dynamic" and spec.top_k >= vocab_size:
+        raise ValueError(f"tree: top_k={spec.top_k} must be smaller than the vocabulary ({vocab_size} tokens)")
+    if spec.kind == "static" and spec.top_k > vocab_size:
+        raise ValueError(f"tree: static choice rank {spec.top_k - 1} must be smaller than the vocabulary "
+                         f"({vocab_size} tokens)")

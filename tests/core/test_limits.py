@@ -1,0 +1,138 @@
+"""Position schemes of stock checkpoints: absolute tables up to their last row, switching RoPE, ALiBi refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    FalconConfig,
+    FalconForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MptConfig,
+    MptForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+)
+
+import specmm
+from specmm.core.limits import position_limit
+from specmm.drafters import ModelDrafter, PromptLookupDrafter
+from tests.conftest import VOCAB, left_padded_batch, perturbed_copy, tiny_model
+
+PAD = 0
+POSITIONS = 32
+PROMPT_LENGTHS = [5, 11, 3, 8]  # the longest row (11) reaches the last position with 22 new tokens
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    config = GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=32, n_layer=2, n_head=4, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=PAD)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config).double().eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, PAD
+    return model
+
+
+def counting(model) -> list:
+    forwards = []
+    model.register_forward_pre_hook(lambda *args: forwards.append(1))
+    return forwards
+
+
+@pytest.mark.parametrize("tree", [specmm.TreeSpec.chain(4), specmm.TreeSpec.dynamic(depth=5, top_k=3, total_tokens=16)],
+                         ids=["chain4", "dynamic"])
+def test_gpt2_decoded_to_its_last_position_equals_generate(tree):
+    target = tiny_gpt2()
+    ids, mask = left_padded_batch(PROMPT_LENGTHS, seed=1)
+    new = POSITIONS + 1 - max(PROMPT_LENGTHS)  # the last new token sits at position 32 and is never run
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=tree)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=new)
+    assert torch.equal(out.sequences, reference)
+    assert sum(out.stats.accepted_histogram[1:]) > 0
+
+
+def test_gpt2_past_its_last_position_is_refused_before_any_forward():
+    target = tiny_gpt2()
+    forwards = counting(target)
+    ids, mask = left_padded_batch(PROMPT_LENGTHS, seed=1)
+    gen = specmm.SpeculativeGenerator(target, PromptLookupDrafter())
+    with pytest.raises(ValueError, match=r"max_new_tokens: GPT2LMHeadModel has absolute position embeddings for 32 "
+                                         r"positions.*max_new_tokens <= 22"):
+        gen.generate(ids, attention_mask=mask, max_new_tokens=23)
+    assert forwards == []
+
+
+def test_position_limit_reads_the_table_and_its_offset():
+    opt = OPTForCausalLM(OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=32,
+                                   num_attention_heads=2, max_position_embeddings=40, word_embed_proj_dim=32))
+    assert position_limit(opt) == 40  # OPT's table has 42 rows, shifted by 2
+    assert position_limit(tiny_gpt2()) == POSITIONS
+    assert position_limit(tiny_model("llama")) is None
+
+
+def longrope_phi3():
+    half = 4  # head_dim 8 / 2
+    return tiny_model("phi3", max_position_embeddings=64, original_max_position_embeddings=16,
+                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.5, 2.0, 1.0][:half],
+                                    "long_factor": [4.0, 8.0, 16.0, 32.0][:half]},
+                      head_dim=8)
+
+
+@pytest.mark.parametrize("build, kind", [
+    (longrope_phi3, "longrope"),
+    (lambda: tiny_model("llama", max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+     "dynamic"),
+])
+def test_switching_rope_is_exact_below_the_switch_and_refused_across_it(build, kind):
+    target = build()
+    ids, mask = left_padded_batch([5, 9, 3], seed=2)
+    new = 17 - 9  # positions 0..15: every forward stays below the switch, in HF and in specmm
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)),
+                                      tree=specmm.TreeSpec.dynamic(depth=4, top_k=3, total_tokens=12))
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=new).sequences, reference)
+    forwards = counting(target)
+    with pytest.raises(ValueError, match=f"max_new_tokens: .* uses '{kind}' RoPE.*max_new_tokens <= {new}"):
+        gen.generate(ids, attention_mask=mask, max_new_tokens=new + 1)
+    assert forwards == []
+
+
+ALIBI_MODELS = {
+    "bloom": lambda: BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4)),
+    "falcon-alibi": lambda: FalconForCausalLM(FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                                           num_attention_heads=4, alibi=True)),
+    "mpt": lambda: MptForCausalLM(MptConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ALIBI_MODELS))
+def test_alibi_models_are_refused_as_target_and_drafter(name):
+    model = ALIBI_MODELS[name]().eval()
+    model.config._attn_implementation = "sdpa"
+    cls = type(model).__name__
+    with pytest.raises(ValueError, match=f"target: {cls} uses ALiBi attention biases"):
+        specmm.SpeculativeGenerator(model, PromptLookupDrafter())
+    with pytest.raises(ValueError, match=f"drafter: {cls} uses ALiBi attention biases"):
+        ModelDrafter(model)
+
+
+def test_no_tree_node_past_a_rows_token_budget_is_verified(monkeypatch):
+    target = tiny_model("llama")
+    ids, mask = left_padded_batch([4, 7], seed=3)
+    seen = []
+    verify = specmm.core.HFCausalLMTarget.verify
+
+    def recording(self, tree):
+        seen.append(int(torch.where(tree.valid, tree.depth, 0).max()))
+        assert int(tree.depth.max()) <= seen[-1]  # cut nodes sit at depth 0: no position past the budget
+        return verify(self, tree)
+
+    monkeypatch.setattr(specmm.core.HFCausalLMTarget, "verify", recording)
+    out = specmm.SpeculativeGenerator(target, ModelDrafter(target), tree=specmm.TreeSpec.chain(8)).generate(
+        ids, attention_mask=mask, max_new_tokens=5)
+    assert seen == [4] and out.sequences.shape[1] == ids.shape[1] + 5  # one forward: 4 drafts + the bonus
