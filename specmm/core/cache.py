@@ -99,6 +99,46 @@ class RowCache:
         """Drop every round slot."""
         self._truncate(self.committed_length)
 
+    def rewind(self, counts: Tensor) -> None:
+        """Forget the last counts[b] committed tokens of row b (no round may be open). counts: [B]."""
+        self.lengths = self.lengths - counts
+        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
+
+    def take_rows(self, rows: Tensor) -> RowCache:
+        """A new RowCache holding a copy of `rows` [b] (in that order); this one is left as it is.
+
+        Lets a caller run a sub-batch (e.g. the rows of a batch that take a different path this step) and
+        `put_rows` it back, instead of running every row with masks. No round may be open.
+        """
+        part = RowCache(0, self.lengths.device)
+        for index, layer in enumerate(self.cache.layers):
+            if getattr(layer, "keys", None) is not None:
+                part.cache.update(layer.keys[rows], layer.values[rows], index)
+        part.lengths = self.lengths[rows]
+        part._truncate(int(part.lengths.max()) if rows.numel() else 0)
+        return part
+
+    def put_rows(self, rows: Tensor, part: RowCache) -> None:
+        """Overwrite `rows` [b] with the rows of `part` (from `take_rows`, possibly grown since). No round may
+        be open in either cache."""
+        for index, layer in enumerate(part.cache.layers):
+            if getattr(layer, "keys", None) is None:
+                continue
+            if index >= len(self.cache.layers) or getattr(self.cache.layers[index], "keys", None) is None:
+                shape = (self.lengths.shape[0], *layer.keys.shape[1:2], 0, layer.keys.shape[3])
+                self.cache.update(layer.keys.new_zeros(shape), layer.values.new_zeros(shape), index)
+            own = self.cache.layers[index]
+            grow = layer.keys.shape[2] - own.keys.shape[2]  # the part may hold more slots than this cache
+            if grow > 0:
+                own.keys = torch.nn.functional.pad(own.keys, (0, 0, 0, grow))
+                own.values = torch.nn.functional.pad(own.values, (0, 0, 0, grow))
+            width = layer.keys.shape[2]
+            own.keys[rows, :, :width] = layer.keys
+            own.values[rows, :, :width] = layer.values
+        self.lengths = self.lengths.clone()
+        self.lengths[rows] = part.lengths
+        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
+
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` of the batch (between rounds)."""
         self.cache.batch_select_indices(rows)

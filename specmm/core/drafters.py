@@ -15,7 +15,15 @@ from torch import Tensor, nn
 from specmm.core.acceptance import AcceptResult
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
-from specmm.core.target import PrefillOutput, ModelRunner, attention_backend, model_device, output_vocab_size
+from specmm.core.target import (
+    ModelRunner,
+    PrefillOutput,
+    RunnerOwner,
+    attention_backend,
+    final_norm,
+    model_device,
+    output_vocab_size,
+)
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
 
 
@@ -96,19 +104,24 @@ def shift_left(values: Tensor, shift: Tensor, count: Tensor) -> tuple[Tensor, Te
     return gathered, offsets[None, :] < count[:, None]
 
 
-class ModelDrafter:
+class ModelDrafter(RunnerOwner):
     """A smaller HF causal LM with the target's vocabulary: its own cache, chains or top-k trees.
 
     Tree nodes it ran and the target accepted stay in its cache; the rest of the accepted path and the
-    target's next token are fed at the start of the next round.
+    target's next token are fed at the start of the next round. `features=True` also captures the draft
+    model's own last-layer features (after its final norm) in every forward, as `open_chain` returns them;
+    `close` then removes the hook.
     """
 
     needs: frozenset[str] = frozenset()
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, features: bool = False):
         attention_backend(model)
         check_position_scheme(model, "drafter")
+        if features and final_norm(model) is None:
+            raise ValueError(f"draft: cannot find the final norm of {type(model).__name__} to read features")
         self.model = model
+        self.features = features
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)
         self.draft_forwards = 0
@@ -118,9 +131,17 @@ class ModelDrafter:
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
+    def close(self) -> None:
+        """Remove the feature hook from the draft model (when `features=True`) and drop the cache."""
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
     @torch.no_grad()
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
-        self.runner = ModelRunner(self.model, input_ids.shape[0], static=self.static_plan)
+        self.close()
+        self.runner = ModelRunner(self.model, input_ids.shape[0],
+                                  capture=final_norm(self.model) if self.features else None, static=self.static_plan)
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
             self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)
@@ -158,6 +179,27 @@ class ModelDrafter:
     def select_rows(self, rows: Tensor) -> None:
         self.runner.cache.select_rows(rows)
         self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
+
+    def set_pending(self, tokens: Tensor, valid: Tensor) -> None:
+        """Replace the tokens fed at the start of the next draft: each row's valid entries of tokens [B, P]
+        (valid [B, P] bool, left-aligned, at least one per row), ending with the row's next root; they must
+        continue what the cache holds (a caller that ran known tokens with `open_chain` keeps them in step)."""
+        self.pending, self.pending_valid = tokens, valid
+
+    def take_rows(self, rows: Tensor) -> ModelDrafter:
+        """A drafter over a copy of `rows` [b]: their cache and pending tokens (see `RunnerOwner.take_rows`)."""
+        part = super().take_rows(rows)
+        part.pending, part.pending_valid = self.pending[rows], self.pending_valid[rows]
+        part.draft_forwards = 0
+        return part
+
+    def put_rows(self, rows: Tensor, part: ModelDrafter) -> None:
+        """Write `part`'s cache and pending tokens back over `rows` [b]; closes `part`."""
+        super().put_rows(rows, part)
+        width = max(self.pending.shape[1], part.pending.shape[1])
+        pad = lambda t: nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        self.pending, self.pending_valid = pad(self.pending), pad(self.pending_valid)
+        self.pending[rows], self.pending_valid[rows] = pad(part.pending), pad(part.pending_valid)
 
 
 class PromptLookupDrafter:

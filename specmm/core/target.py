@@ -7,9 +7,10 @@ modeling code. Drafters built on HF models (`ModelDrafter`, `EagleDrafter`) reus
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -88,8 +89,10 @@ class ModelRunner:
             layers = model.config.get_text_config().num_hidden_layers
             self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len)
             self.compiled = compiled_forward(model, static.mode) if static.compile else None
+        self.capture = capture
         self._captured: Tensor | None = None
         self._hook = capture.register_forward_hook(self._capture) if capture is not None else None
+        self.chain_valid = torch.zeros(batch, 0, dtype=torch.bool, device=self.cache.lengths.device)  # [B, R]
 
     def _capture(self, module, args, output) -> None:
         self._captured = output[0] if isinstance(output, tuple) else output
@@ -143,16 +146,52 @@ class ModelRunner:
         see only themselves and are dropped. positions: [B, P] (or [3, B, P] for M-RoPE); by default the
         kept entries continue each row's committed length.
         """
-        batch, width = valid.shape
+        out = self.open_chain(valid, positions, **inputs)
+        self.keep_chain(valid.sum(1))
+        return out
+
+    def open_chain(self, valid: Tensor, positions: Tensor | None = None, **inputs: Any):
+        """Run a ragged block of known tokens as round slots that continue each row's chain; commit nothing.
+
+        valid: [B, P] bool. Row b's valid entries see its committed prefix, the valid entries of its earlier
+        `open_chain` blocks in this round and each other causally; the others see only themselves and are
+        never kept. positions as in `extend`. Only `open_chain` may open slots until `keep_chain` closes the
+        round (which keeps a prefix of each row's chain: e.g. a step and not the judge prompt after it).
+        """
+        if self.cache.round_length == 0:
+            self.chain_valid = valid[:, :0]
+        earlier = self.chain_valid  # [B, R]
+        width = valid.shape[1]
         if positions is None:
-            positions = (self.cache.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+            start = self.cache.lengths + earlier.sum(1)  # [B] next position of each row's chain
+            positions = (start[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
         causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
         eye = torch.eye(width, dtype=torch.bool, device=valid.device)
-        attend = (causal & valid[:, None, :] & valid[:, :, None]) | eye
+        block = (causal & valid[:, None, :] & valid[:, :, None]) | eye  # [B, P, P]
+        attend = torch.cat([earlier[:, None, :] & valid[:, :, None], block], -1)  # [B, P, R + P]
         out = self.forward(positions, attend, **inputs)
-        kept_first = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, P] kept slots first
-        self.cache.commit(kept_first, valid.sum(1))
+        self.chain_valid = torch.cat([earlier, valid], 1)
         return out
+
+    def keep_chain(self, counts: Tensor) -> None:
+        """Commit the first counts[b] valid chain entries of row b, in order, and drop the rest of the round
+        (nothing to do when no round is open)."""
+        if self.cache.round_length == 0:
+            return
+        kept_first = torch.sort((~self.chain_valid).to(torch.uint8), dim=1, stable=True).indices  # [B, R]
+        self.cache.commit(kept_first, counts)
+        self.chain_valid = self.chain_valid[:, :0]
+
+    def take_rows(self, rows: Tensor) -> ModelRunner:
+        """A runner over the same model (capturing as this one does) on a copy of `rows` [b] of the cache."""
+        part = ModelRunner(self.model, 0, capture=self.capture)
+        part.cache = self.cache.take_rows(rows)
+        return part
+
+    def put_rows(self, rows: Tensor, part: ModelRunner) -> None:
+        """Overwrite `rows` [b] of the cache with `part`'s (from `take_rows`), and close `part`."""
+        self.cache.put_rows(rows, part.cache)
+        part.close()
 
 
 @dataclass
@@ -210,7 +249,45 @@ class Target(Protocol):
         ...
 
 
-class HFCausalLMTarget:
+class RunnerOwner:
+    """Public cache operations of a core adapter that owns a `ModelRunner` (`self.runner`), for callers that
+    work with known tokens and sub-batches between rounds (step-level speculation in `specmm.reasoning`).
+
+    The adapter stays the only owner of its model's cache: callers run known tokens as an open chain and keep
+    a prefix of it, forget committed tokens, or copy rows out to a sub-batch adapter and write them back.
+    """
+
+    runner: ModelRunner | None
+
+    def open_chain(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
+        """Run known tokens [B, P] as open round slots continuing each row's chain (valid [B, P] bool, see
+        `ModelRunner.open_chain`); logits [B, P, V] after each token, features [B, P, H] when captured."""
+        out = self.runner.open_chain(valid, input_ids=input_ids)
+        return TargetOutput(logits=out.logits, features=self.runner.captured)
+
+    def keep_chain(self, counts: Tensor) -> None:
+        """Commit the first counts[b] valid chain tokens of row b and drop the rest of the round. counts: [B]."""
+        self.runner.keep_chain(counts)
+
+    def rewind(self, counts: Tensor) -> None:
+        """Forget the last counts[b] committed tokens of row b (e.g. tokens a round committed past a stop)."""
+        self.runner.cache.rewind(counts)
+
+    def take_rows(self, rows: Tensor) -> Self:
+        """An adapter of the same kind over a copy of `rows` [b] of the cache (this one is left as it is), to
+        run rounds on those rows alone; `put_rows` writes them back. Adapters with per-row state beyond the
+        cache extend this."""
+        part = copy.copy(self)
+        part.runner = self.runner.take_rows(rows)
+        return part
+
+    def put_rows(self, rows: Tensor, part: Self) -> None:
+        """Overwrite `rows` [b] with `part`'s rows (a `take_rows` adapter, possibly run since); closes `part`."""
+        self.runner.put_rows(rows, part.runner)
+        part.runner = None
+
+
+class HFCausalLMTarget(RunnerOwner):
     """Adapter for a stock HF causal LM (`*ForCausalLM`): no patched modeling files, just masks and positions."""
 
     def __init__(self, model: nn.Module):

@@ -3,7 +3,9 @@
 Each iteration every live row writes one step: the draft proposes it, the policy keeps it or the target
 regenerates it, and the model that did not write the step gets it appended from token ids (lazily, as
 the pending tail its next round starts with). A rejected step or judge prompt is dropped from the cache
-by closing the round without keeping it, never by re-encoding text.
+by closing the round without keeping it, never by re-encoding text. The caches belong to the core's
+adapters (`HFCausalLMTarget`, `ModelDrafter`); with `inner_speculation` the target regenerates a step
+through the core's own round (`specmm.reasoning.inner`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from specmm.core.drafters import ModelDrafter
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import GenerationStats, ReasoningExtras
-from specmm.core.target import attention_backend, model_device, output_vocab_size
+from specmm.core.target import HFCausalLMTarget, attention_backend, model_device, output_vocab_size
 from specmm.reasoning.inner import speculate_step
 from specmm.reasoning.policies import StepPolicy, TargetOnly
 from specmm.reasoning.rollout import DRAFT, TARGET, RolloutBatch, assemble
@@ -92,22 +95,21 @@ class _View:
 
 
 class _Run:
-    """Per-generation state: both models' caches, the live rows and what each row has produced."""
+    """Per-generation state: views of both models' caches (owned by the core's `HFCausalLMTarget` and
+    `ModelDrafter`), the live rows and what each row has produced."""
 
-    def __init__(self, spec: StepSpeculator, prompts: list[list[int]], eos: Tensor):
+    def __init__(self, spec: StepSpeculator, prompts: list[list[int]], prompt_ids: Tensor, prompt_mask: Tensor,
+                 eos: Tensor):
         self.prompts, self.eos, self.delimiter = prompts, eos, spec.delimiter
         batch, device = len(prompts), spec.device
-        counts = torch.tensor([len(p) for p in prompts], device=device)
-        padded = torch.zeros(batch, int(counts.max()), dtype=torch.long, device=device)
-        for b, p in enumerate(prompts):
-            padded[b, : len(p)] = torch.tensor(p, device=device)
+        ids, mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, L] left-padded
         policy = spec.policy
         uses_draft = policy.proposes or spec.inner_speculation is not None
-        self.draft = ModelState(spec.draft, batch, policy.needs_features) if uses_draft else None
-        self.target = ModelState(spec.target, batch) if policy.uses_target else None
-        for state in (self.draft, self.target):
-            if state is not None:
-                state.append_pending(padded, counts)
+        self.draft = self.target = None
+        if uses_draft:
+            self.draft = ModelState.start(ModelDrafter(spec.draft, features=policy.needs_features), ids, mask)
+        if policy.uses_target:
+            self.target = ModelState.start(HFCausalLMTarget(spec.target), ids, mask)
         self.live = list(range(batch))  # original row of each live row
         self.used = torch.zeros(batch, dtype=torch.long, device=device)
         self.steps_done = torch.zeros(batch, dtype=torch.long, device=device)
@@ -139,7 +141,8 @@ def _stats(run: _Run, wall_time_s: float) -> GenerationStats:
     batch = len(new_tokens)
     target, draft = run.target, run.draft
     return GenerationStats(
-        target_forwards=target.forwards if target else 0, draft_forwards=draft.forwards if draft else 0,
+        target_forwards=target.forwards - target.prefill_forwards if target else 0,
+        draft_forwards=draft.forwards if draft else 0,
         new_tokens=sum(new_tokens), wall_time_s=wall_time_s, new_tokens_per_row=new_tokens,
         target_forwards_per_row=target.row_forwards.tolist() if target else [0] * batch, reasoning=run.extras)
 
@@ -240,7 +243,7 @@ class StepSpeculator:
         eos_ids = torch.tensor(eos, dtype=torch.long, device=self.device)
         timer = _PhaseTimer(self.device)
         started = time.perf_counter()
-        run = _Run(self, rows, eos_ids)
+        run = _Run(self, rows, prompt_ids, prompt_mask, eos_ids)
         try:
             while run.live:
                 draft_gens, target_gens = self._step(run, max_new_tokens, max_steps, sampling, draft_gens,
@@ -289,7 +292,7 @@ class StepSpeculator:
         if target is not None and bool(reject.any()) and self.inner_speculation and draft is not None:
             with timer("target"):  # exact token-level speculation inside the step; settles both caches
                 t = speculate_step(target, draft, reject, budget, self.inner_speculation, sampling, target_gens,
-                                   draft_gens, self.delimiter, run.eos)
+                                   self.delimiter, run.eos)
         elif target is not None and bool(reject.any()):
             with timer("target"):
                 t = target.generate_step(reject, budget, sampling, target_gens, self.delimiter, run.eos)

@@ -1,9 +1,10 @@
-"""One model's side of step speculation: a per-row cache of committed tokens plus an open round.
+"""Reasoning's view of one model's cache, which a core adapter owns: `HFCausalLMTarget` for the target,
+`ModelDrafter` for the draft. The view keeps the pending tail of each row's context and samples steps.
 
-Invariant: the cache holds each row's context except a short `pending` tail (>= 1 token) not run yet.
-A round runs the pending tokens, then step tokens (or a judge suffix) as round slots; `close_round(keep)`
-keeps the first `keep[b]` valid round tokens of row b (pending first) and drops the rest, so rejected
-steps and judge prompts leave no trace. Tokens enter a cache only as ids, never as text.
+Invariant: the owner's cache holds each row's context except a short `pending` tail (>= 1 token) not run
+yet. A round runs the pending tokens, then step tokens (or a judge suffix) as an open chain (the owner's
+`open_chain`); `close_round(keep)` keeps the first `keep[b]` chain tokens of row b (pending first) and drops
+the rest, so rejected steps and judge prompts leave no trace. Tokens enter a cache only as ids, never as text.
 """
 
 from __future__ import annotations
@@ -11,16 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from specmm.core.sampling import (
-    Generators,
-    SamplingConfig,
-    process_logits,
-    sample_with_noise,
-)
-from specmm.core.target import ModelRunner, final_norm
-from specmm.reasoning.steps import StepDelimiter
+from specmm.core.drafters import ModelDrafter
+from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample, select_generators
+from specmm.core.target import HFCausalLMTarget, PrefillOutput, TargetOutput
+from specmm.reasoning.steps import StepDelimiter, StepEnd
 
 
 def pack(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -45,133 +42,163 @@ class StepDraw:
     ended_by_eos: Tensor  # [B] bool
 
 
-def draw_tokens(probs: Tensor, rows: list[int], generators: Generators, greedy: bool) -> Tensor:
-    """One token per row of probs [B, V]; only `rows` draw random numbers (each from its own generator)."""
-    if greedy:
-        return probs.argmax(-1)
-    batch, vocab = probs.shape
-    if generators is None or isinstance(generators, torch.Generator):
-        noise = torch.empty(batch, vocab, device=probs.device).exponential_(generator=generators)
-    else:
-        noise = torch.ones(batch, vocab, device=probs.device)
-        for b in rows:
-            noise[b] = torch.empty(vocab, device=probs.device).exponential_(generator=generators[b])
-    return sample_with_noise(probs, noise)
+Owner = HFCausalLMTarget | ModelDrafter
 
 
 class ModelState:
-    """A stock HF causal LM run over ragged rows, with a pending tail and one open round at a time."""
+    """A pending tail per row over the cache of a core adapter (`owner`), with one open chain at a time."""
 
-    def __init__(self, model: nn.Module, batch: int, capture_features: bool = False):
-        self.model = model
-        self.runner = ModelRunner(model, batch, capture=final_norm(model) if capture_features else None)
-        self.device = self.runner.cache.lengths.device
-        self.pending = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # [B, P] left-aligned
-        self.pending_count = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B]
-        self.round_valid = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)  # [B, R]
+    def __init__(self, owner: Owner, pending: Tensor, pending_count: Tensor, origin: Tensor | None = None,
+                 row_forwards: Tensor | None = None):
+        self.owner = owner
+        self.pending = pending  # [B, P] left-aligned
+        self.pending_count = pending_count  # [B]
         self.forwards = 0
-        self.origin = torch.arange(batch, device=self.device)  # original row of each current row
-        self.row_forwards = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B0] forwards per original row
+        self.prefill_forwards = 0
+        batch = pending.shape[0]
+        self.origin = torch.arange(batch, device=pending.device) if origin is None else origin  # [B] original row
+        # [B0] forwards each original row took part in; shared with the views `take_rows` makes
+        self.row_forwards = torch.zeros(batch, dtype=torch.long, device=pending.device) if row_forwards is None \
+            else row_forwards
+
+    def count(self, rows: Tensor) -> None:
+        """One forward in which the current rows `rows` ([b] indices) took part."""
+        self.row_forwards.index_add_(0, self.origin[rows], torch.ones_like(rows))
+
+    @classmethod
+    def start(cls, owner: Owner, input_ids: Tensor, attention_mask: Tensor) -> ModelState:
+        """Prefill the owner with left-padded prompts [B, L] minus their last token, which becomes pending."""
+        if isinstance(owner, ModelDrafter):
+            owner.start(input_ids, attention_mask, PrefillOutput())
+        else:
+            owner.start(input_ids.shape[0])
+            owner.prefill(input_ids[:, :-1], attention_mask[:, :-1])
+        state = cls(owner, input_ids[:, -1:], torch.ones_like(input_ids[:, -1]))
+        state.forwards = state.prefill_forwards = int(input_ids.shape[1] > 1)  # the prompt prefill: makes no token
+        return state
 
     def close(self) -> None:
-        self.runner.close()
+        self.owner.close()
 
     @property
     def batch(self) -> int:
         return self.pending.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.pending.device
+
+    def valid_pending(self) -> Tensor:
+        """[B, P] bool: which entries of `pending` are real."""
+        return torch.arange(self.pending.shape[1], device=self.device)[None, :] < self.pending_count[:, None]
 
     def append_pending(self, tokens: Tensor, counts: Tensor) -> None:
         """Queue tokens [B, w] (counts [B]) after the pending tail (no round may be open)."""
         self.pending, _ = pack([(self.pending, self.pending_count), (tokens, counts)])
         self.pending_count = self.pending_count + counts
 
-    def run(self, tokens: Tensor, valid: Tensor):
-        """Append round slots for tokens [B, n]: valid ones continue each row's round, the others see only
-        themselves and are never kept. Returns the model output (logits [B, n, V])."""
-        n = tokens.shape[1]
-        before = self.round_valid.sum(1)  # [B]
-        positions = (self.runner.cache.lengths + before)[:, None] + valid.long().cumsum(1) - 1  # [B, n]
-        causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        eye = torch.eye(n, dtype=torch.bool, device=tokens.device)
-        new_block = (causal & valid[:, None, :] & valid[:, :, None]) | eye  # [B, n, n]
-        earlier = self.round_valid[:, None, :] & valid[:, :, None]  # [B, n, R]
-        out = self.runner.forward(positions.clamp_min(0), torch.cat([earlier, new_block], -1), input_ids=tokens)
-        self.round_valid = torch.cat([self.round_valid, valid], 1)
+    def run(self, tokens: Tensor, valid: Tensor) -> TargetOutput:
+        """Continue each row's open chain with its valid tokens of [B, n]; the others see only themselves and
+        are never kept. Returns logits [B, n, V] (and features when the owner captures them)."""
         self.forwards += 1
-        self.row_forwards.index_add_(0, self.origin, valid.any(1).long())  # rows with a valid slot took part
-        return out
+        self.count(valid.any(1).nonzero().flatten())  # rows with a valid slot took part
+        return self.owner.open_chain(tokens, valid)
 
-    def run_pending(self, rows: Tensor):
-        """Open a round with the pending tail of `rows` ([B] bool); returns the output and each row's
+    def run_pending(self, rows: Tensor) -> tuple[TargetOutput, Tensor]:
+        """Open a chain with the pending tail of `rows` ([B] bool); returns the output and each row's
         last pending index [B]."""
         # only as wide as the longest tail among `rows`: other rows' tails (e.g. the target's, after many kept
         # draft steps) stay pending, and are not run as padding through every layer
         width = max(int(self.pending_count[rows].max()), 1) if bool(rows.any()) else 1
-        valid = torch.arange(width, device=self.device)[None, :] < self.pending_count[:, None]
-        return self.run(self.pending[:, :width], valid & rows[:, None]), (self.pending_count - 1).clamp(0, width - 1)
+        valid = self.valid_pending()[:, :width] & rows[:, None]
+        return self.run(self.pending[:, :width], valid), (self.pending_count - 1).clamp(0, width - 1)
 
     def close_round(self, keep: Tensor, tail: Tensor, tail_count: Tensor) -> None:
-        """Keep the first keep[b] valid round tokens of row b (or none when no round is open); the new
-        pending tail is tail [B, w] (tail_count [B])."""
-        if self.round_valid.shape[1]:
-            slots = torch.sort((~self.round_valid).to(torch.uint8), dim=1, stable=True).indices  # [B, R]
-            self.runner.cache.commit(slots, keep)
-        self.round_valid = self.round_valid[:, :0]
+        """Keep the first keep[b] chain tokens of row b (none when no chain is open); the new pending tail is
+        tail [B, w] (tail_count [B])."""
+        self.owner.keep_chain(keep)
         self.pending, _ = pack([(tail, tail_count)])
         self.pending_count = tail_count.clone()
+
+    def commit_to_root(self) -> None:
+        """Run and commit all but each row's last pending token (one forward, when some row has more), so the
+        cache holds the context minus one root token, as the core round expects."""
+        if bool((self.pending_count > 1).any()):
+            before_last = torch.arange(self.pending.shape[1], device=self.device) < (self.pending_count - 1)[:, None]
+            self.run(self.pending, before_last)
+            self.close_round(self.pending_count - 1, self.last_pending(), torch.ones_like(self.pending_count))
+
+    def drop_last(self, extra: Tensor, last: Tensor) -> None:
+        """Forget the last extra[b] tokens of row b's context (no chain may be open); last [B, 1]: the token
+        that then ends it, which must stay pending when the cut reaches into the cache."""
+        short = self.pending_count <= extra  # [B] the cut reaches into the cache
+        if bool(short.any()):
+            self.owner.rewind(torch.where(short, extra - self.pending_count + 1, 0))
+            first = torch.where(short[:, None], last, self.pending[:, :1])
+            self.pending = torch.cat([first, self.pending[:, 1:]], 1)
+        self.pending_count = torch.where(short, 1, self.pending_count - extra)
 
     def last_pending(self) -> Tensor:
         """[B, 1] each row's last pending token."""
         return self.pending.gather(1, (self.pending_count - 1).clamp_min(0)[:, None])
 
     def select_rows(self, rows: Tensor) -> None:
-        self.runner.cache.select_rows(rows)
+        self.owner.select_rows(rows)
         self.origin = self.origin[rows]
         self.pending, self.pending_count = self.pending[rows], self.pending_count[rows]
-        self.round_valid = self.round_valid[rows]
+
+    def take_rows(self, rows: Tensor) -> ModelState:
+        """A view of a copy of `rows` [b] (the owner's `take_rows`), to run those rows alone."""
+        return ModelState(self.owner.take_rows(rows), self.pending[rows], self.pending_count[rows],
+                          origin=self.origin[rows], row_forwards=self.row_forwards)
+
+    def put_rows(self, rows: Tensor, part: ModelState) -> None:
+        """Write `part` (from `take_rows`, run since) back over `rows` [b]; forward counts stay with each view."""
+        self.owner.put_rows(rows, part.owner)
+        width = max(self.pending.shape[1], part.pending.shape[1])
+        self.pending = torch.nn.functional.pad(self.pending, (0, width - self.pending.shape[1]))
+        self.pending[rows] = torch.nn.functional.pad(part.pending, (0, width - part.pending.shape[1]))
+        self.pending_count = self.pending_count.clone()
+        self.pending_count[rows] = part.pending_count
 
     @torch.no_grad()
     def generate_step(self, rows: Tensor, budget: Tensor, sampling: SamplingConfig, generators: Generators,
                       delimiter: StepDelimiter, eos_ids: Tensor) -> StepDraw:
-        """Sample one step for `rows` ([B] bool) as an open round: tokens until a delimiter, EOS or
-        budget[b] tokens. Each sampled token except a row's last is run, so the round holds the pending
-        tail and step[:-1] (the last token becomes the next pending tail when the step is kept)."""
+        """Sample one step for `rows` ([B] bool) as an open chain: tokens until a delimiter, EOS or
+        budget[b] tokens. Each sampled token except a row's last is run, so the chain holds the pending
+        tail and step[:-1] (the last token becomes the next pending tail when the step is kept). Rows that
+        are not asked, or whose step has ended, run as single-token padding and draw nothing: a row's draws
+        come from its own generator only."""
         batch, device = self.batch, self.device
         index = torch.arange(batch, device=device)
         out, last = self.run_pending(rows)
         logits = out.logits[index, last]  # [B, V]
-        captured = self.runner.captured
-        hidden = captured[index, last] if captured is not None else None
+        hidden = out.features[index, last] if out.features is not None else None  # [B, H]
         width = int(budget[rows].max()) if bool(rows.any()) else 0
         tokens = torch.zeros(batch, width, dtype=torch.long, device=device)
         logprobs = torch.zeros(batch, width, dtype=torch.float32, device=device)
         entropy = torch.zeros_like(logprobs)
         hiddens = [] if hidden is not None else None
-        lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        eos_hit = torch.zeros(batch, dtype=torch.bool, device=device)
+        end = StepEnd(delimiter, eos_ids, budget)
         live = rows.clone()
-        tails = delimiter.start(batch)
         for i in range(width):
-            live_rows = live.nonzero().flatten().tolist()
-            if not live_rows:
+            going = live.nonzero().flatten()  # [b]
+            if not going.numel():
                 break
-            probs = process_logits(logits, sampling)  # [B, V]
-            token = draw_tokens(probs, live_rows, generators, sampling.greedy)
-            token = torch.where(live, token, 0)
-            tokens[:, i] = token
-            logprobs[:, i] = torch.where(live, probs.gather(1, token[:, None])[:, 0].clamp_min(1e-45).log(), 0.0)
-            entropy[:, i] = torch.where(live, -(probs * probs.clamp_min(1e-45).log()).sum(-1), 0.0)
+            probs = process_logits(logits[going], sampling)  # [b, V]
+            drawn = probs.argmax(-1) if sampling.greedy else sample(
+                probs, select_generators(generators, going.tolist()))
+            tokens[going, i] = drawn
+            logprobs[going, i] = probs.gather(1, drawn[:, None])[:, 0].clamp_min(1e-45).log()
+            entropy[going, i] = -(probs * probs.clamp_min(1e-45).log()).sum(-1)
             if hiddens is not None:
                 hiddens.append(hidden)
-            lengths += live.long()
-            is_eos = torch.isin(token, eos_ids) & live
-            eos_hit |= is_eos
-            done = is_eos | delimiter.ends(token, live_rows, tails) | (lengths >= budget)
-            live = live & ~done
+            _, ended = end.take(drawn[:, None], torch.ones_like(drawn), going)
+            live[going] = ~ended
             if i + 1 < width and bool(live.any()):
-                out = self.run(token[:, None], live[:, None])
+                out = self.run(tokens[:, i: i + 1], live[:, None])
                 logits = out.logits[:, 0]
-                hidden = self.runner.captured[:, 0] if hiddens is not None else None
-        done = int(lengths.max()) if batch else 0  # the loop stops once every row has ended
+                hidden = out.features[:, 0] if hiddens is not None else None
+        done = int(end.lengths.max()) if batch else 0  # the loop stops once every row has ended
         stacked = torch.stack(hiddens[:done], 1) if hiddens else None
-        return StepDraw(tokens[:, :done], lengths, logprobs[:, :done], entropy[:, :done], stacked, eos_hit)
+        return StepDraw(tokens[:, :done], end.lengths, logprobs[:, :done], entropy[:, :done], stacked, end.eos)

@@ -56,3 +56,42 @@ class StepDelimiter:
             found[b] = self.text in window
             tails[b] = window[-keep:] if keep else ""
         return found
+
+
+class StepEnd:
+    """Where each row's current step ends: after a delimiter or EOS token, or at the row's token budget.
+
+    Keeps per-row state for one step (tokens so far, the delimiter's text tail), so new tokens can come in
+    blocks of any size: one sampled token, or the accepted tokens of a speculative round.
+    """
+
+    def __init__(self, delimiter: StepDelimiter, eos_ids: Tensor, budget: Tensor):
+        self.delimiter, self.eos_ids, self.budget = delimiter, eos_ids, budget  # budget: [B] tokens per row
+        self.lengths = torch.zeros_like(budget)  # [B] step tokens so far
+        self.eos = torch.zeros_like(budget, dtype=torch.bool)  # [B] the step ended with EOS
+        self.tails = delimiter.start(budget.shape[0])
+
+    def take(self, tokens: Tensor, counts: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Feed new tokens [b, n] of `rows` [b] (their first counts[b] are real) -> (take [b]: how many
+        belong to the step, through the one that ends it; ended [b] bool: the step has ended)."""
+        take = torch.zeros_like(counts)
+        ended = torch.zeros_like(counts, dtype=torch.bool)
+        lengths, budget = self.lengths[rows], self.budget[rows]
+        row_list = rows.tolist()
+        tails = [self.tails[r] for r in row_list]
+        eos_ids = self.eos_ids.to(tokens.device)
+        for j in range(tokens.shape[1]):
+            going = (j < counts) & ~ended & (lengths < budget)
+            going_rows = going.nonzero().flatten().tolist()
+            if not going_rows:
+                break
+            token = tokens[:, j]
+            take += going.long()
+            lengths = lengths + going.long()
+            is_eos = torch.isin(token, eos_ids) & going
+            self.eos[rows] |= is_eos
+            ended |= going & (is_eos | self.delimiter.ends(token, going_rows, tails) | (lengths >= budget))
+        self.lengths[rows] = lengths
+        for r, tail in zip(row_list, tails):
+            self.tails[r] = tail
+        return take, ended

@@ -83,3 +83,55 @@ def test_selecting_rows_of_an_empty_cache_keeps_later_appends_consistent():
     more = torch.randn(2, 2, 1, 8)
     out_keys, _ = cache.cache.update(more, more.clone(), 0)
     assert out_keys.shape == (2, 2, 1, 8) and torch.equal(out_keys, more)
+
+
+def chain_block(rows: list[list[int]], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tokens [B, W] with rows[b] real ones (left-aligned) -> (input_ids, valid)."""
+    width = max(max(rows, default=0), 1)
+    ids = torch.randint(1, VOCAB, (len(rows), width), generator=gen)
+    valid = torch.arange(width)[None, :] < torch.tensor(rows)[:, None]
+    return ids, valid
+
+
+def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill():
+    """open_chain/keep_chain keep a prefix of ragged blocks, rewind forgets committed tokens, and a sub-batch
+    taken out, run and put back leaves every row as a fresh prefill of its tokens."""
+    model = tiny_model("mistral", dtype=torch.float32)  # sliding window: masks across chains and moves
+    target = HFCausalLMTarget(model)
+    ids, mask = left_padded_batch([5, 1, 8, 3], seed=2)
+    gen = torch.Generator().manual_seed(1)
+    target.start(ids.shape[0])
+    target.prefill(ids, mask)
+    history = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+    def run_chain(owner, rows, lengths, keep):
+        blocks = [chain_block(n, gen) for n in lengths]
+        logits = [owner.open_chain(block, valid).logits for block, valid in blocks]
+        seen = [[] for _ in rows]
+        for (block, valid), out in zip(blocks, logits):  # each chain token sees the rows' earlier chain tokens
+            for i, b in enumerate(rows):
+                for j in valid[i].nonzero().flatten().tolist():
+                    seen[i].append(block[i, j].item())
+                    expected = fresh_logits(model, history[b] + seen[i])
+                    assert (out[i, j] - expected).abs().max() < 1e-5
+        owner.keep_chain(torch.tensor(keep))
+        for i, b in enumerate(rows):
+            history[b] += seen[i][: keep[i]]
+
+    run_chain(target, [0, 1, 2, 3], [[2, 0, 3, 1], [1, 2, 0, 2]], keep=[3, 1, 0, 2])  # judge-like suffixes dropped
+    target.rewind(torch.tensor([1, 0, 0, 2]))
+    for b, n in enumerate([1, 0, 0, 2]):
+        history[b] = history[b][: len(history[b]) - n]
+    part_rows = torch.tensor([3, 0])
+    part = target.take_rows(part_rows)
+    run_chain(part, [3, 0], [[9, 4], [3, 3]], keep=[12, 5])  # the part grows past the batch's longest row
+    part.rewind(torch.tensor([0, 2]))
+    history[0] = history[0][:-2]
+    target.put_rows(part_rows, part)
+    roots = torch.randint(1, VOCAB, (4,), generator=gen)
+    tree = DraftTree(tokens=roots[:, None], parents=torch.full((4, 1), -1), depth=torch.zeros(4, 1, dtype=torch.long),
+                     valid=torch.ones(4, 1, dtype=torch.bool), max_depth=0, max_children=1)
+    logits = target.verify(tree).logits[:, 0]
+    for b in range(4):
+        assert (logits[b] - fresh_logits(model, history[b] + [roots[b].item()])).abs().max() < 1e-5
+    assert target.runner.cache.lengths.tolist() == [len(h) for h in history]

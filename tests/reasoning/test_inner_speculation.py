@@ -1,5 +1,6 @@
 """Token-level speculation inside regenerated steps is exact: greedy tokens equal target-only, sampled
-tokens follow the target's distribution (chi-square), batched equals row by row."""
+tokens follow the target's distribution (chi-square), batched equals row by row, and both caches stay
+exact (behaviour log-probs equal teacher-forced ones; the target as its own draft accepts every draft)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from scipy.stats import chisquare
 
 from specmm.core.sampling import SamplingConfig, process_logits
-from specmm.reasoning import StepSpeculator, TargetOnly
+from specmm.reasoning import DRAFT, TARGET, StepSpeculator, TargetOnly
+from tests.reasoning.test_behaviour_logprobs import teacher_forced
 from tests.reasoning.helpers import (
     ContentRouting,
     Forced,
@@ -73,3 +75,36 @@ def test_sampled_inner_speculation_follows_the_target_distribution():
     expected = torch.cat([joint[big], joint[~big].sum()[None]])
     expected = expected / expected.sum() * rows  # float32 softmax sums differ from 1 by ~1e-7
     assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_target_as_its_own_draft_accepts_every_draft(k):
+    """A draft cache out of step with the context would reject drafts: every round must yield k + 1 tokens."""
+    tokenizer, target, _ = models()
+    spec = StepSpeculator(target, target, tokenizer, TargetOnly(), delimiter=step_ids(tokenizer),
+                          max_step_tokens=7, inner_speculation=k)
+    out = spec.generate(prompts(), max_new_tokens=30)
+    steps = max(len(spans) for spans in out.step_spans)
+    rounds = [max(-(-(end - start) // (k + 1)) for spans in out.step_spans if s < len(spans)
+                  for start, end in [spans[s]]) for s in range(steps)]  # the slowest row of each step
+    assert out.stats.target_forwards == sum(rounds)  # the rounds (the prompt's prefill makes no token)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_caches_stay_exact_across_kept_draft_steps_and_speculated_steps(k):
+    tokenizer, target, draft = models()
+    sampling = SamplingConfig(0.8, top_k=10)
+    spec = StepSpeculator(target, draft, tokenizer, ContentRouting(), delimiter=step_ids(tokenizer),
+                          max_step_tokens=6, inner_speculation=k)
+    batch = prompts(4, seed=5)
+    out = spec.generate(batch, max_new_tokens=30, sampling=sampling, seed=3)
+    decisions = [d for row in out.decisions for d in row]
+    assert 0 < sum(decisions) < len(decisions)
+    for b, text in enumerate(batch):
+        completion = out.completions[b]
+        source = out.source[b, : len(completion)]
+        expected = torch.zeros(len(completion))
+        for value, model in ((DRAFT, draft), (TARGET, target)):
+            recomputed = teacher_forced(model, tokenizer.encode(text), completion, sampling).float()
+            expected = torch.where(source == value, recomputed, expected)
+        torch.testing.assert_close(out.behaviour_logprobs[b, : len(completion)], expected, atol=1e-5, rtol=1e-5)
