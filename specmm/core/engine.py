@@ -27,6 +27,7 @@ from specmm.core.compiled import CompileClock, StaticPlan
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.limits import check_generation_positions, check_tree_vocab
+from specmm.core.profiling import RoundTimer
 from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.stats import GenerationStats
@@ -85,9 +86,11 @@ class SpeculativeGenerator:
     """Speculative decoding of a target with a drafter, over batches, chains or trees."""
 
     def __init__(self, target, drafter: Drafter, tree: TreeSpec | None = None,
-                 acceptance: str | AcceptanceRule = "exact", compile: bool = False):
+                 acceptance: str | AcceptanceRule = "exact", compile: bool = False, profile: bool = False):
         """`compile=True` is the fast path: static caches, rows that stay in the batch (static shapes),
-        `torch.compile`d forwards (CUDA graphs on CUDA), one host sync per round; outputs are identical."""
+        `torch.compile`d forwards (CUDA graphs on CUDA), one host sync per round; outputs are identical.
+        `profile=True` records where each round's time goes (`stats.round_time_split`), syncing the device
+        at every phase boundary: use it in a separate run, not a timed one."""
         self.target: Target = as_target(target)
         if not isinstance(drafter, Drafter):
             raise ValueError(f"drafter: {type(drafter).__name__} does not implement the specmm Drafter protocol")
@@ -114,6 +117,8 @@ class SpeculativeGenerator:
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")
         self.compile = compile
+        self.profile = bool(profile)
+        self.timer: RoundTimer | None = None
         if compile:
             self._check_fast_path()
 
@@ -220,14 +225,20 @@ class SpeculativeGenerator:
         budget: [b] tokens each row may still take: deeper tree nodes are cut before the verify.
         history: each row's sequence so far, which the generation_config processors (`self.processor`) read.
         """
-        target, drafter = self.target, self.drafter
+        target, drafter, timer = self.target, self.drafter, self.timer
+        if timer is not None:
+            timer.mark("other")  # the loop's bookkeeping since the last round
         tree = drafter.draft(roots, self.tree, sampling, generators)
         if budget is not None:
             tree = limit_depth(tree, budget - 1)  # no node past a row's token budget (or position limit)
+        if timer is not None:
+            timer.mark("draft")
         verified = target.verify(tree)
         logits = verified.logits  # [b, T, V]
         if self.processor is not None:  # generation_config's processors, each node after its own sequence
             logits = self.processor(logits, tree, history)
+        if timer is not None:
+            timer.mark("verify")
         result = accept(tree, logits, sampling, self.rule, generators)
         if alive is not None:
             result.num_accepted = torch.where(alive, result.num_accepted, 0)
@@ -237,6 +248,8 @@ class SpeculativeGenerator:
             index = result.path[:, :, None].expand(*result.path.shape, verified.features.shape[-1])
             path_features = verified.features.gather(1, index)
         drafter.update(tree, result, path_features)
+        if timer is not None:
+            timer.mark("accept_commit")
         return RoundOutput(tree=tree, path=result.path, num_accepted=result.num_accepted,
                            next_token=result.next_token, new_tokens=accepted_tokens(tree, result),
                            diagnostics=result.diagnostics, target_logits=logits)
@@ -313,6 +326,9 @@ class SpeculativeGenerator:
         stats, generators = GenerationStats(), generator
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         roots = self.begin(input_ids, attention_mask, sampling, generators, max_new_tokens, **model_inputs)
+        self.timer = RoundTimer(device) if self.profile else None
+        if self.timer is not None:
+            self.timer.reset()
         if input_ids.shape[1] == 0:  # the conditioning prefill drew the first token
             first = RoundOutput(tree=None, path=None, num_accepted=torch.zeros_like(roots), next_token=roots,
                                 new_tokens=roots[:, None])
@@ -335,6 +351,10 @@ class SpeculativeGenerator:
                 kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
                 moved += (per_draft * kept).sum()
         stats.moved_mass = float(moved)
+        if self.timer is not None:
+            self.timer.mark("other")
+            stats.round_time_split = dict(self.timer.seconds)
+            self.timer = None
         return out, counts, rounds, histogram, stats
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,

@@ -98,6 +98,7 @@ class GenerationStats:
     draft_forwards: int = 0  # drafter forwards (batched), prefill included
     new_tokens: int = 0  # over all rows
     wall_time_s: float = 0.0  # device-synchronised, prefill included
+    round_time_split: dict[str, float] = field(default_factory=dict)  # seconds per phase, when profiled
     compile_time_s: float = 0.0  # first calls of new compiled shapes inside this generation (included in wall time)
     new_tokens_per_row: list[int] = field(default_factory=list)
     target_forwards_per_row: list[int] = field(default_factory=list)  # target forwards each row took part in
@@ -154,6 +155,9 @@ class GenerationStats:
             (self.accepted_histogram[i] if i < len(self.accepted_histogram) else 0)
             + (other.accepted_histogram[i] if i < len(other.accepted_histogram) else 0) for i in range(width)]
         self.moved_mass += other.moved_mass
+        self.compile_time_s += other.compile_time_s
+        for phase, seconds in other.round_time_split.items():
+            self.round_time_split[phase] = self.round_time_split.get(phase, 0.0) + seconds
         for name in EXTRAS:
             mine, theirs = getattr(self, name), getattr(other, name)
             if theirs is None:
@@ -172,7 +176,8 @@ class GenerationStats:
                "new_tokens": self.new_tokens, "row_forwards": self.row_forwards,
                "mean_accepted": self.mean_accepted, "wall_time_s": self.wall_time_s,
                "accepted_histogram": list(self.accepted_histogram), "moved_mass": self.moved_mass,
-               "moved_mass_per_accepted_draft": self.moved_mass_per_accepted_draft}
+               "moved_mass_per_accepted_draft": self.moved_mass_per_accepted_draft,
+               "compile_time_s": self.compile_time_s, "round_time_split": dict(self.round_time_split)}
         for name in EXTRAS:
             extra = getattr(self, name)
             if extra is not None:
