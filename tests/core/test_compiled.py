@@ -1,0 +1,129 @@
+"""Compiled mode (`compile=True`): the same tokens as eager and HF `generate`, the target's law when
+sampling, and at most one host sync per round. Few and small: every new shape costs a compile."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import specmm
+from specmm.core.static_cache import StaticRowCache
+from specmm.drafters import EagleDrafter, ModelDrafter
+from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
+from tests.core.test_engine_sampling import SAMPLINGS, TREES, assert_matches, exact_joint, models
+
+TREE_KINDS = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
+def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(arch):
+    target = tiny_model(arch)
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([3, 8, 5], seed=4)
+    free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=0)
+    eos = int(free[1, ids.shape[1] + 6])  # row 1 stops early, the others run on
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=0,
+                                eos_token_id=eos)
+    for name, tree in TREE_KINDS.items():
+        kwargs = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=0)
+        eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
+        compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
+        out = compiled.generate(ids, **kwargs)
+        width = reference.shape[1]
+        assert torch.equal(out.sequences[:, :width], reference), f"{arch}/{name}: compiled != generate"
+        assert torch.equal(out.sequences, eager.sequences), f"{arch}/{name}: compiled != eager"
+        assert out.stats.target_forwards_per_row == eager.stats.target_forwards_per_row
+        assert out.stats.accepted_histogram == eager.stats.accepted_histogram
+        again = compiled.generate(ids, **kwargs)  # same shapes: nothing is compiled a second time
+        assert torch.equal(again.sequences, out.sequences) and again.stats.compile_time_s == 0.0
+
+
+def test_compiled_eagle_greedy_equals_generate():
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    drafter = EagleDrafter.for_target(target)
+    ids, mask = left_padded_batch([4, 7], seed=2)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    gen = specmm.SpeculativeGenerator(target, drafter, tree=TREE_KINDS["dynamic"], compile=True)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+
+
+@pytest.mark.parametrize("tree_name", ["chain-sampled", "dynamic-deterministic"])
+def test_compiled_sampling_matches_the_target_law(tree_name):
+    target, draft = models()
+    sampling = SAMPLINGS["t0.7"]
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREES[tree_name], compile=True)
+    prompt = torch.tensor([[3, 1, 4, 1, 5]]).expand(5000, -1)
+    generator = torch.Generator().manual_seed(5)
+    counts = torch.zeros(8 ** 3, dtype=torch.long)
+    for _ in range(4):
+        new = gen.generate(prompt, max_new_tokens=3, sampling=sampling, generator=generator).sequences[:, 5:]
+        counts += torch.bincount(new[:, 0] * 64 + new[:, 1] * 8 + new[:, 2], minlength=8 ** 3)
+    assert_matches(counts, exact_joint(target, sampling))
+
+
+@contextmanager
+def counting_host_syncs():
+    """Count the tensor -> host conversions a block makes (item, tolist, bool, int, float, nonzero)."""
+    calls = []
+    names = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
+    originals = {name: getattr(torch.Tensor, name) for name in names}
+
+    def wrap(name):
+        def counted(self, *args, **kwargs):
+            calls.append(name)
+            return originals[name](self, *args, **kwargs)
+        return counted
+
+    for name in names:
+        setattr(torch.Tensor, name, wrap(name))
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def test_a_compiled_round_makes_at_most_one_host_sync():
+    """Host conversions of a whole generate, minus those of a one-round generate (input checks, the final
+    counts), are at most one per extra round."""
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([3, 6], seed=1)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREE_KINDS["dynamic"], compile=True)
+    sampling = specmm.SamplingConfig(temperature=0.8)
+
+    def syncs(max_new_tokens: int) -> tuple[int, int, list[str]]:
+        generator = torch.Generator().manual_seed(0)
+        with counting_host_syncs() as calls:
+            out = gen.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, sampling=sampling,
+                               generator=generator, pad_token_id=0)
+        return len(calls), out.stats.target_forwards, calls
+
+    syncs(12)  # compile every shape outside the count
+    one_round, rounds_one, _ = syncs(1)
+    many, rounds, calls = syncs(12)
+    assert rounds_one == 1 and rounds > 3
+    assert many - one_round <= rounds - 1, f"{many - one_round} host syncs over {rounds - 1} extra rounds: {calls}"
+
+
+def test_compiled_mode_uses_static_caches_and_warns_for_parts_without_one():
+    target = tiny_model("llama")
+    ids, _ = left_padded_batch([4], seed=3)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(target), tree=specmm.TreeSpec.chain(2), compile=True)
+    gen.begin(ids, torch.ones_like(ids), max_new_tokens=4)
+    assert isinstance(gen.target.runner.cache, StaticRowCache)
+    assert isinstance(gen.drafter.runner.cache, StaticRowCache)
+    gen.end()
+
+    class NoStaticDrafter(ModelDrafter):
+        def __getattribute__(self, name):
+            if name == "static_plan":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    with pytest.warns(RuntimeWarning, match="drafter NoStaticDrafter has no static-cache path"):
+        specmm.SpeculativeGenerator(target, NoStaticDrafter(target), tree=specmm.TreeSpec.chain(2), compile=True)
