@@ -23,6 +23,7 @@ from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.finite import stopped
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.stats import GenerationStats
 from specmm.core.target import FEATURES, Target, as_target
@@ -281,7 +282,7 @@ class SpeculativeGenerator:
         counts[active] += take
         rounds[active] += 1
         _stream_round(streamer, batch, active, new, take)
-        if bool(done.any()):
+        if stopped(done, result.target_logits, self.target, rounds[active]):  # + NaN/inf check, same sync
             keep = (~done).nonzero().flatten()
             self.select_rows(keep)
             roots = roots[keep]

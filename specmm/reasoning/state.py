@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from specmm.core.finite import NonFiniteError, nonfinite_message, nonfinite_rows
 from specmm.core.sampling import (
     Generators,
     SamplingConfig,
@@ -152,7 +153,12 @@ class ModelState:
         live = rows.clone()
         tails = delimiter.start(batch)
         for i in range(width):
-            live_rows = live.nonzero().flatten().tolist()
+            # one host sync per token, as before: the live rows, and whether a live row's logits are NaN/inf
+            live_flags, bad_flags = torch.stack([live, nonfinite_rows(logits) & live]).tolist()
+            if any(bad_flags):
+                raise NonFiniteError(nonfinite_message(self.model, f"token {i} of a reasoning step",
+                                                       [b for b, flag in enumerate(bad_flags) if flag]))
+            live_rows = [b for b, flag in enumerate(live_flags) if flag]
             if not live_rows:
                 break
             probs = process_logits(logits, sampling)  # [B, V]
