@@ -2,7 +2,7 @@
 
 - `atomic`: every file written under a temporary name, fsynced, renamed into place;
 - `lock`: one writer per output (`fcntl.flock`, released by the kernel when the process dies);
-- `fingerprint`: content hashes of models and keys of input items;
+- `content`: content fingerprints of models and keys of input items;
 - `journal`: JSON-lines results keyed per item, torn last line repaired on resume;
 - `job`: the manifest of what changes results, and the resume / force / refuse decision;
 - `plan`: the batches a resumed job still runs (fixed slices, so it matches an uninterrupted run).
@@ -18,7 +18,7 @@ from specmm.jobs.atomic import (
     atomic_writer,
     remove_temporaries,
 )
-from specmm.jobs.fingerprint import file_key, fingerprint, text_key
+from specmm.jobs.content import file_key, fingerprint, text_key
 from specmm.jobs.job import Job, differences
 from specmm.jobs.journal import Journal
 from specmm.jobs.lock import JobLockedError, OutputLock

@@ -2,7 +2,7 @@
 
 The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output) records the job
 kind and every setting that changes results (method, seed, sampling, content fingerprints of the models; see
-`specmm.jobs.fingerprint`). Items are matched by key inside the output, so the manifest holds no item list:
+`specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
 adding images to a folder and resuming does the new ones only.
 
 Opening a job (`with Job(...) as job:`):
