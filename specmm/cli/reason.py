@@ -224,8 +224,7 @@ def cmd_reason(args) -> int:
             journal.append(records)
             done.update((r["key"], r) for r in records)
             new += len(records)
-        if skipped and new + len(errors):  # a resumed job: lines in input order, as a fresh run writes them
-            journal.rewrite([done[k] for k in keys if k in done] + [r for k, r in done.items() if k not in set(keys)])
+        journal.finish(keys, done)  # lines in input order, as an uninterrupted run leaves them
     rate = f"{kept / checked:.2f}" if checked else "-"
     print(f"{new} prompts ({skipped} skipped, {len(errors)} errors), {spec.policy.name}: draft steps kept {rate} "
           f"-> {out}")

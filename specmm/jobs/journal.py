@@ -70,6 +70,15 @@ class Journal:
         with atomic_writer(self.path, "wb") as f:
             f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8"))
 
+    def finish(self, keys: list[str], records: dict[str, dict]) -> None:
+        """End a job whose items are `keys` (input order) and whose file holds `records` in file order: rewrite the
+        file in input order (records of other keys last) when it is not already, e.g. after a resume or when
+        error lines went first, so a finished job's file does not depend on where it was interrupted."""
+        wanted = set(keys)
+        order = [k for k in keys if k in records] + [k for k in records if k not in wanted]
+        if order != list(records):
+            self.rewrite([records[k] for k in order])
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

@@ -118,8 +118,7 @@ def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_
                 done.update((r["image"], r) for r in records)
                 bar.update(len(records))
                 bar.set_postfix(mean_accepted=f"{summary.mean_accepted:.2f}")
-        if job.resumed and todo:  # lines of a resumed job are in completion order: put them in input order
-            journal.rewrite([done[k] for k in keys] + [r for k, r in done.items() if k not in set(keys)])
+        journal.finish(keys, done)  # a resumed job's lines in input order, as an uninterrupted run leaves them
     summary.wall_time_s = time.perf_counter() - started
     return summary
 
