@@ -184,7 +184,7 @@ def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: s
     at `out` is rewritten after each section. Raises DemoFailed (after writing the report) if a section failed."""
     path = Path(out)
     results, skipped, failures = [], [], []
-    with OutputLock(path.with_name(path.name + ".lock"), "--out", path):
+    with OutputLock(path.with_name(f".{path.name}.lock"), "--out", path):
         sections = [HEADLINE, *SECTIONS]
         for number, section in enumerate(sections):
             missing = [name for name in section.needs if not zoo.is_built(name, scale)]
@@ -198,6 +198,8 @@ def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: s
                     print(f"specmm demo: training zoo entries {', '.join(missing)} (scale {scale}) for "
                           f"'{section.title}'; this happens once and is cached under $SPECMM_HOME")
                 try:
+                    for name in missing:  # --all: build what the section needs (a failed build fails the section)
+                        zoo.build(name, scale)
                     report, body = section.run(scale, device)
                 except Exception as err:  # noqa: BLE001 - a failing section must not take the report down
                     logger.debug("section %s failed", section.title, exc_info=True)

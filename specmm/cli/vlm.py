@@ -48,7 +48,6 @@ def cmd_train_drafter(args) -> int:
                 "data": {"file": fingerprint(args.data), "prompt": args.prompt} if args.data else
                 {"zoo scenes": args.scenes},
                 "init": fingerprint(args.init) if args.init else None}
-    torch.manual_seed(args.seed)  # the head's initialisation and the feature noise: a rerun trains the same drafter
     with Job(args.out, "train-drafter", settings, resume=True, force=args.force, folder=True, owned=TRAIN_OWNED):
         if args.target:
             from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -65,6 +64,9 @@ def cmd_train_drafter(args) -> int:
         else:
             pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
             batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
+        # seeded here, after the (cached) captions: the head's initialisation and the training noise are the same
+        # in a rerun whatever ran before
+        torch.manual_seed(args.seed)
         if args.init:
             with loading("--init", args.init, "drafter"):
                 drafter = VisionDrafter.from_pretrained(args.init, target)

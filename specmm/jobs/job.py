@@ -1,6 +1,7 @@
 """A job's output: locked while a run writes it, described by a manifest, resumed only by the same job.
 
-The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output) records the job
+The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output; the lock is the
+hidden `.<out>.lock` or `<out>/.job.lock`) records the job
 kind and every setting that changes results (method, seed, sampling, content fingerprints of the models; see
 `specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
 adding images to a folder and resuming does the new ones only.
@@ -55,10 +56,10 @@ class Job:
         self.out, self.kind, self.settings = Path(out), kind, _normal(settings)
         self.resume, self.force, self.folder, self.owned, self.argument = resume, force, folder, tuple(owned), argument
         if folder:
-            self.manifest_path, lock_path = self.out / "job.json", self.out / "job.lock"
+            self.manifest_path, lock_path = self.out / "job.json", self.out / ".job.lock"
         else:
             self.manifest_path = self.out.with_name(self.out.name + ".job.json")
-            lock_path = self.out.with_name(self.out.name + ".lock")
+            lock_path = self.out.with_name(f".{self.out.name}.lock")
         self.lock = OutputLock(lock_path, argument, self.out)
         self.resumed = False
 
