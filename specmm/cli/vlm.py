@@ -87,6 +87,7 @@ def cmd_train_drafter(args) -> int:
 def cmd_caption(args) -> int:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
+    from specmm.core.context import check_budget, context_limit
     from specmm.drafters import ModelDrafter, PromptLookupDrafter
     from specmm.jobs import fingerprint
     from specmm.vlm import SpeculativeVLM, caption_images, find_images
@@ -120,6 +121,7 @@ def cmd_caption(args) -> int:
         with loading("--drafter", args.drafter, "drafter"):
             drafter = VisionDrafter.from_pretrained(args.drafter, target)
     svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    check_budget(args.max_new_tokens, context_limit(target), "--max-new-tokens", tree.depth + 1)
     models = {"target": fingerprint(args.target), "dtype": str(args.dtype).removeprefix("torch."),
               "drafter": fingerprint(args.draft_lm) if args.draft_lm else (
                   args.drafter if args.drafter == "prompt-lookup" else fingerprint(args.drafter))}

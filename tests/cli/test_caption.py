@@ -86,3 +86,19 @@ def test_nan_weights_are_an_error_not_empty_captions(folders, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "specmm: error: LlavaForConditionalGeneration" in err and "non-finite logits" in err
     assert "decoding round 1" in err and (not out.exists() or out.read_text() == "")
+
+
+def test_a_budget_past_the_context_is_refused_before_any_work(folders, tmp_path, capsys):
+    target, imgs = folders
+    out = tmp_path / "captions.jsonl"
+    assert caption(target, imgs, out, "--max-new-tokens", "600") == 2  # the tiny LLaVA has 512 positions
+    assert "--max-new-tokens: 600 new tokens (+ 9 for drafts) leave no room" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_image_whose_prompt_cannot_fit_becomes_an_error_line(folders, tmp_path):
+    target, imgs = folders
+    out = tmp_path / "captions.jsonl"
+    assert caption(target, imgs, out, "--max-new-tokens", "490") == 0  # 490 + the image tokens + prompt > 512
+    records = lines(out)
+    assert len(records) == 5 and all("exceeds the model's context of 512" in r["error"] for r in records)
