@@ -19,6 +19,7 @@ from specmm.cli.common import (
     model_folder,
     nonnegative_int,
     positive_int,
+    read_text_lines,
     report_lock,
     set_types,
     temperature_arg,
@@ -60,6 +61,8 @@ def _bench_core(args, device, name) -> int:
     elif args.target:
         model_folder("--target", args.target)
         model_folder("--draft", args.draft)
+        if args.prompts:
+            read_text_lines("--prompts", args.prompts)  # a missing or non-UTF-8 file is named before loading
         with loading("--target/--draft", f"{args.target} and {args.draft}"):
             data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -139,8 +140,8 @@ def loading(argument: str, path, what: str = "model") -> Iterator[None]:
     try:
         yield
     except _load_errors() as err:
-        if str(err).startswith(f"{argument}:"):
-            raise
+        if isinstance(err, ValueError) and re.match(r"-{0,2}[A-Za-z_][\w\-/]*: ", str(err)):
+            raise  # already names what is wrong (e.g. `image_size: ...`): not a damaged file
         reason = " ".join(str(err).split()) or type(err).__name__
         if len(reason) > 600:
             reason = reason[:600] + " ..."

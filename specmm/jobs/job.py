@@ -1,9 +1,8 @@
 """A job's output: locked while a run writes it, described by a manifest, resumed only by the same job.
 
 The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output; the lock is the
-hidden `.<out>.lock` or `<out>/.job.lock`) records the job
-kind and every setting that changes results (method, seed, sampling, content fingerprints of the models; see
-`specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
+hidden `.<out>.lock` or `<out>/.job.lock`) records the job kind and every setting that changes results (method,
+seed, sampling, content fingerprints of the models; see `specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
 adding images to a folder and resuming does the new ones only.
 
 Opening a job (`with Job(...) as job:`):

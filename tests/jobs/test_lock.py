@@ -11,6 +11,7 @@ import time
 import pytest
 
 from specmm.jobs import JobLockedError, OutputLock
+from specmm.jobs import lock as lock_module
 
 
 def test_a_second_writer_is_refused_naming_the_holder_pid(tmp_path):
@@ -25,10 +26,12 @@ def test_a_second_writer_is_refused_naming_the_holder_pid(tmp_path):
 
 def test_a_killed_holder_releases_the_lock(tmp_path):
     lock = tmp_path / "job.lock"
+    # the lock module alone (it imports only the standard library): no torch import in the child
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[2]); from specmm.jobs.lock import OutputLock; "
-        "OutputLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)"), str(lock), os.getcwd()],
-        stdout=subprocess.PIPE, text=True)
+        "import importlib.util, sys, time; spec = importlib.util.spec_from_file_location('lock', sys.argv[2]); "
+        "lock = importlib.util.module_from_spec(spec); spec.loader.exec_module(lock); "
+        "lock.OutputLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)"),
+        str(lock), lock_module.__file__], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(JobLockedError, match=f"PID {holder.pid}"):
