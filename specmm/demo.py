@@ -5,6 +5,12 @@ specmm's ViSpec drafter (batch 8, greedy), always runs and trains what it needs 
 Every other section (code completion through the core, one per modality) runs when its zoo entries are
 built, or with `--all`, which builds them. Prints one table per section and writes `demo_report.html`
 (inputs, outputs, tables).
+
+The demo is a job like the others (`specmm.jobs`): it locks its report, rewrites it atomically after every
+section (a kill or a crash never loses what already ran), and a section that fails becomes an error block in the
+report while the other sections still run; `run_demo` then raises `DemoFailed` (the CLI: `specmm: error: ...`,
+exit 2). Sizes come from what each zoo entry stores (the diffusion LM's continuation length, the models' context),
+never from constants that fit only one scale.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +31,28 @@ from specmm import zoo
 from specmm.bench.core import CoreBenchSetup, bench_core
 from specmm.bench.harness import BenchReport
 from specmm.bench.inputs import from_zoo
+from specmm.core.context import context_limit
 from specmm.core.tree import TreeSpec
+from specmm.jobs import OutputLock, atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+class DemoFailed(ValueError):
+    """Some sections failed (the report holds their error blocks); `reports` are those of the others."""
+
+    def __init__(self, message: str, reports: list[BenchReport], failures: list[tuple[str, str]]):
+        super().__init__(message)
+        self.reports, self.failures = reports, failures
+
+
+def new_token_budget(model, prompt_length: int, wanted: int, depth: int) -> int:
+    """`wanted` new tokens, or fewer when the model's context cannot hold the prompt, the budget and a draft of
+    `depth` tokens (at least 1)."""
+    limit = context_limit(model)
+    if limit is None:
+        return wanted
+    return max(1, min(wanted, limit - prompt_length - depth - 1))
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,7 @@ def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
 def run_code(scale: str, device: str, batch: int = 4, max_new_tokens: int = 96) -> tuple[BenchReport, str]:
     """Code completion: held-out Python snippets with the zoo `code` pair through the core."""
     data = from_zoo("code", scale, batch, torch.device(device), torch.float32)
+    max_new_tokens = new_token_budget(data.target, data.input_ids.shape[1], max_new_tokens, depth=3)
     # short drafts: on CPU every draft forward costs ~0.2 target forwards (framework overhead), so long
     # chains and wide trees do not pay there; the GPU benchmarks use longer ones
     setup = CoreBenchSetup(max_new_tokens=max_new_tokens, k=2, tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8),
@@ -109,7 +139,9 @@ def run_ssm(scale: str, device: str) -> tuple[BenchReport, str]:
     draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=torch_device).draft
     target, tokenizer, prompts = ssm_code.load(zoo.path("ssm-code", scale), "hybrid", device=torch_device)
     batch = tokenizer(prompts[:4], return_tensors="pt", padding=True).to(torch_device)
-    setup = SSMBenchSetup(max_new_tokens=48, k=shapes["k"], static=specmm.TreeSpec.static(shapes["static"]),
+    depth = max(shapes["k"], shapes["depth"], max(len(c) for c in shapes["static"]))
+    budget = new_token_budget(target, batch["input_ids"].shape[1], 48, depth)
+    setup = SSMBenchSetup(max_new_tokens=budget, k=shapes["k"], static=specmm.TreeSpec.static(shapes["static"]),
                           dynamic=specmm.TreeSpec.dynamic(depth=shapes["depth"], top_k=shapes["top_k"],
                                                           total_tokens=shapes["total_tokens"]),
                           pad_token_id=tokenizer.pad_token_id, repeats=1)
@@ -126,8 +158,11 @@ def run_dlm(scale: str, device: str) -> tuple[BenchReport, str]:
 
     print("specmm demo: the zoo diffusion LM (LLaDA layout) completing held-out Python, stepwise vs SSD")
     entry = dlm_code.load(zoo.path("dlm-code", scale), device=torch.device(device), dtype=torch.float32)
-    setup = DLMBenchSetup(prompts=4, batch_size=4, gen_length=32, block_length=16, caches=(None,), repeats=1,
-                          warmup=0)
+    # the held-out continuations this build stores set the length (16 tokens at --scale tiny, 64 at cpu)
+    gen_length = min(32, len(entry.continuation_ids[0]))
+    block_length = 16 if gen_length % 16 == 0 else gen_length
+    setup = DLMBenchSetup(prompts=4, batch_size=4, gen_length=gen_length, block_length=block_length, caches=(None,),
+                          repeats=1, warmup=0)
     prompts = torch.tensor(entry.prompt_ids[:4], device=device)
     continuations = torch.tensor(entry.continuation_ids[:4], device=device)
     reports, _ = bench_dlm(entry.model, prompts, continuations, setup, command=f"specmm demo --scale {scale}",
@@ -145,26 +180,50 @@ SECTIONS: list[DemoSection] = [
 
 def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: str = "cpu",
              build_all: bool = False) -> list[BenchReport]:
-    """Run the headline and every section whose zoo entries are built (all of them with `build_all`)."""
-    results, skipped = [], []
-    for section in [HEADLINE, *SECTIONS]:
-        missing = [name for name in section.needs if not zoo.is_built(name, scale)]
-        if missing and section is not HEADLINE and not build_all:
-            skipped.append((section, missing))
-            print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built "
-                  f"(about {section.cpu_build_minutes} min once on 2 CPU cores): run `specmm demo --all` or "
-                  + " && ".join(f"`specmm zoo build {name}`" for name in missing))
-            continue
-        if missing:
-            print(f"specmm demo: training zoo entries {', '.join(missing)} (scale {scale}) for '{section.title}'; "
-                  "this happens once and is cached under $SPECMM_HOME")
-        report, body = section.run(scale, device)
-        print(f"\n## {section.title}\n{report.table()}")
-        results.append((section, report, body))
+    """Run the headline and every section whose zoo entries are built (all of them with `build_all`); the report
+    at `out` is rewritten after each section. Raises DemoFailed (after writing the report) if a section failed."""
     path = Path(out)
-    path.write_text(_html(results, skipped))
+    results, skipped, failures = [], [], []
+    with OutputLock(path.with_name(f".{path.name}.lock"), "--out", path):
+        sections = [HEADLINE, *SECTIONS]
+        for number, section in enumerate(sections):
+            missing = [name for name in section.needs if not zoo.is_built(name, scale)]
+            if missing and section is not HEADLINE and not build_all:
+                skipped.append((section, missing))
+                print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built "
+                      f"(about {section.cpu_build_minutes} min once on 2 CPU cores): run `specmm demo --all` or "
+                      + " && ".join(f"`specmm zoo build {name}`" for name in missing))
+            else:
+                if missing:
+                    print(f"specmm demo: training zoo entries {', '.join(missing)} (scale {scale}) for "
+                          f"'{section.title}'; this happens once and is cached under $SPECMM_HOME")
+                try:
+                    for name in missing:  # --all: build what the section needs (a failed build fails the section)
+                        zoo.build(name, scale)
+                    report, body = section.run(scale, device)
+                except Exception as err:  # noqa: BLE001 - a failing section must not take the report down
+                    logger.debug("section %s failed", section.title, exc_info=True)
+                    message = f"{type(err).__name__}: {err}"
+                    print(f"specmm demo: section '{section.title}' failed: {message}")
+                    failures.append((section.title, message))
+                    results.append((section, None, error_block(err)))
+                else:
+                    print(f"\n## {section.title}\n{report.table()}")
+                    results.append((section, report, body))
+            atomic_write_text(path, _html(results, skipped, pending=[s.title for s in sections[number + 1:]]))
     print(f"wrote {path.resolve()}")
-    return [report for _, report, _ in results]
+    reports = [report for _, report, _ in results if report is not None]
+    if failures:
+        raise DemoFailed(f"demo: {len(failures)} section(s) failed ({'; '.join(f'{t}: {m}' for t, m in failures)}); "
+                         f"the other sections ran and {path} has the details", reports, failures)
+    return reports
+
+
+def error_block(err: BaseException) -> str:
+    """The report's block for a failed section: the error, and its traceback folded away."""
+    trace = "".join(traceback.format_exception(err))
+    return (f'<p class="error"><b>This section failed:</b> {html.escape(type(err).__name__)}: '
+            f"{html.escape(str(err))}</p><details><summary>traceback</summary><pre>{html.escape(trace)}</pre></details>")
 
 
 def table_html(report: BenchReport) -> str:
@@ -176,18 +235,20 @@ def table_html(report: BenchReport) -> str:
             f"<th>outputs identical</th></tr>{rows}</table>")
 
 
-def _html(results: list, skipped: list) -> str:
-    sections = "".join(f"<h2>{html.escape(s.title)}</h2><p>command <code>{html.escape(r.command)}</code></p>{body}"
+def _html(results: list, skipped: list, pending: list[str] = ()) -> str:
+    sections = "".join(f"<h2>{html.escape(s.title)}</h2>"
+                       + (f"<p>command <code>{html.escape(r.command)}</code></p>" if r is not None else "") + body
                        for s, r, body in results)
     skips = "".join(f"<li>{html.escape(s.title)}: needs <code>{html.escape(', '.join(m))}</code> "
                     f"(<code>specmm demo --all</code>)</li>" for s, m in skipped)
+    waiting = "".join(f"<li>{html.escape(title)}</li>" for title in pending)
     setup = "".join(f"<li>{html.escape(s.title)}: " + html.escape(", ".join(f"{k}={v}" for k, v in r.setup.items()))
-                    + "</li>" for s, r, _ in results)
-    notes = "".join(f"<li>{html.escape(n)}</li>" for _, r, _ in results for n in r.notes)
+                    + "</li>" for s, r, _ in results if r is not None)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for _, r, _ in results if r is not None for n in r.notes)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>specmm demo</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} .error{{color:#a00}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}} pre{{margin:0;white-space:pre-wrap;max-width:40em}}</style>
 </head><body><h1>specmm demo</h1><p>{html.escape(time.strftime('%Y-%m-%d %H:%M'))}</p>
-{sections}{f'<h2>Skipped</h2><ul>{skips}</ul>' if skips else ''}
+{sections}{f'<h2>Still running</h2><ul>{waiting}</ul>' if waiting else ''}{f'<h2>Skipped</h2><ul>{skips}</ul>' if skips else ''}
 <h2>Setup</h2><ul>{setup}</ul><h2>Notes</h2><ul>{notes}</ul></body></html>
 """

@@ -90,6 +90,24 @@ def llama():
     return tiny_model("llama")
 
 
+# ------------------------------------------------------------------ tiny zoo builds shared by the whole session
+
+@pytest.fixture(scope="session")
+def zoo_home(tmp_path_factory):
+    """$SPECMM_HOME for the session's tiny zoo builds."""
+    return tmp_path_factory.mktemp("zoo-home")
+
+
+@pytest.fixture
+def tiny_zoo(zoo_home, monkeypatch):
+    """`tiny_zoo(name)` -> the folder of the tiny build of `name` (built once per session, on first use); $SPECMM_HOME
+    points at the session's zoo for the test, so commands that call `zoo.build` themselves find the same builds."""
+    from specmm import zoo
+
+    monkeypatch.setenv("SPECMM_HOME", str(zoo_home))
+    return lambda name: zoo.build(name, "tiny", progress=False)
+
+
 # ------------------------------------------------------------------ acceptance report in the test output
 
 ACCEPTANCE_REPORT: list[tuple[str, float, list[int]]] = []

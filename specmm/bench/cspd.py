@@ -23,6 +23,7 @@ from specmm.image_ar.continuous.heads import compile_chain
 from specmm.image_ar.continuous.latents import decode
 from specmm.image_ar.continuous.metrics import fid, kid
 from specmm.image_ar.images import to_pil
+from specmm.jobs import atomic_save_image
 from specmm.machine import machine_info
 from specmm.zoo.class_images import CLASSES
 
@@ -116,9 +117,7 @@ def sample_grid(images: dict[str, Tensor], columns: int, path: Path, cell: int =
     for r, name in enumerate(rows):
         for c, picture in enumerate(to_pil(images[name][:columns])):
             grid.paste(picture.resize((cell, cell), Image.NEAREST), (c * cell, r * cell))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(path)
-    return path
+    return atomic_save_image(grid, path)
 
 
 @torch.no_grad()

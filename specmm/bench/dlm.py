@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.core.stats import GenerationStats
 from specmm.diffusion_lm import generate
+from specmm.jobs import atomic_write_text
 from specmm.machine import machine_info
 
 
@@ -111,8 +112,8 @@ def bench_dlm(model, prompt_ids: torch.Tensor, continuation_ids: torch.Tensor, s
 def write_reports(reports: list[BenchReport], directory: str | Path, stem: str) -> tuple[Path, Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{stem}.md").write_text("\n\n".join(r.markdown() for r in reports))
-    (directory / f"{stem}.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    atomic_write_text(directory / f"{stem}.md", "\n\n".join(r.markdown() for r in reports))
+    atomic_write_text(directory / f"{stem}.json", json.dumps([asdict(r) for r in reports], indent=2))
     return directory / f"{stem}.json", directory / f"{stem}.md"
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specmm.jobs import atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 
@@ -81,8 +83,8 @@ class BenchReport:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
-        json_path.write_text(json.dumps(asdict(self), indent=2))
-        md_path.write_text(self.markdown())
+        atomic_write_text(json_path, json.dumps(asdict(self), indent=2))
+        atomic_write_text(md_path, self.markdown())
         return json_path, md_path
 
 

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specmm.bench.harness import BenchReport, BenchRow
+from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
 LOSSLESS = ("exact", "sjd")
@@ -68,74 +69,80 @@ def bench_image_ar(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
     partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
-    done = {"rows": {}, "ref": {}}
-    if args.resume and (partial / "rows.json").is_file():
-        done["rows"] = {k: BenchRow(**v) for k, v in json.loads((partial / "rows.json").read_text()).items()}
-        done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
-    notes = []
-    for batch_size in args.batch_sizes:
-        if batch_size not in done["ref"]:
-            reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
-            done["ref"][batch_size] = judge(reference["images"])[0]
-        ref_feats = done["ref"][batch_size]
-        for method in tqdm(methods, desc=f"bench image_ar bs{batch_size}"):
-            key = f"{method} (bs {batch_size})"
-            if key in done["rows"]:
-                continue
-            base_seconds = done["rows"][f"ar (bs {batch_size})"].median_s if method != "ar" else None
-            sampler = make_sampler(lg, method, drafter, **knobs)
-            run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
-            feats, logits = judge(run["images"])
-            base_seconds = base_seconds or run["seconds"]
-            kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
-            matched = None
-            if method in LOSSLESS:  # greedy check on one batch: identical tokens to greedy AR
-                greedy = {**sampling, "temperature": 0.0}
-                check = classes[:batch_size]
-                ar = make_sampler(lg, "ar").sample(torch.tensor(check), **greedy, decode=False).tokens
-                matched = torch.equal(sampler.sample(torch.tensor(check), **greedy, decode=False).tokens, ar)
-            tokens = run["tokens"].numel()
-            done["rows"][key] = BenchRow(
-                method=key, tokens_per_s=tokens / run["seconds"],
-                speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
-                new_tokens=tokens, median_s=run["seconds"],
-                extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
-                       "class acc": f"{accuracy(logits, labels):.2f}",
-                       "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
-                       else "-"})
-            partial.mkdir(exist_ok=True)
-            (partial / "rows.json").write_text(json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
-            torch.save({str(k): v for k, v in done["ref"].items()}, partial / "ref.pt")
-            if batch_size == args.batch_sizes[0]:
-                grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"
-                image_grid(run["images"][: 4 * len(models.classes)], len(models.classes)).save(grid)
-    notes += [
-        ("mean accepted = step compression: image tokens per target forward per row (the condition prefill that "
-        "samples token 0 counts as a forward; AR = 1.00)."),
-        ("speedup = AR wall time / method wall time at the same batch size (one run each, same classes and "
-        "per-image seeds; CPU timings on a shared machine are noisy)."),
-        "outputs match: greedy (T=0) tokens of one batch equal greedy AR's (lossless methods only); n/a for lossy.",
-        ("FID/KID: features of the zoo's timm classifier, each method's set against a second AR set of the same "
-        "size (other seeds); the AR row is the AR-vs-AR noise floor. KID: unbiased MMD^2 (can be negative), "
-        "mean ± std over 50 random subsets of 2/3 of each set; FID on fewer images than feature dimensions is "
-        "dominated by estimation noise."),
-        (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
-        f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
-    ]
-    setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
-             f"{record['tokens_per_image']} tokens per {record['image_size']} px image, "
-             f"{lg.config.vocab_size} codes", "images per method": args.images,
-             "sampling": f"T=1, top-k {args.top_k}, cfg {args.cfg_scale}", "knobs": knobs,
-             "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
-             "device": str(device)}
-    command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
-    report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
-                         setup=setup, notes=notes, machine=machine_info(device),
-                         created=time.strftime("%Y-%m-%d %H:%M:%S"))
-    print(report.table())
-    json_path, md_path = report.write(out, stem)
-    print(f"wrote {json_path} and {md_path}")
+    settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
+                "seed": args.seed, **sampling, **knobs}
+    # the partial rows are a job: --resume continues only the same benchmark, a second run on it is refused
+    with Job(partial, "bench image_ar", settings, resume=args.resume, force=not args.resume, folder=True,
+             owned=("rows.json", "ref.pt"), argument="--name"):
+        done = {"rows": {}, "ref": {}}
+        if args.resume and (partial / "rows.json").is_file():
+            done["rows"] = {k: BenchRow(**v) for k, v in json.loads((partial / "rows.json").read_text()).items()}
+            done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
+        notes = []
+        for batch_size in args.batch_sizes:
+            if batch_size not in done["ref"]:
+                reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
+                done["ref"][batch_size] = judge(reference["images"])[0]
+            ref_feats = done["ref"][batch_size]
+            for method in tqdm(methods, desc=f"bench image_ar bs{batch_size}"):
+                key = f"{method} (bs {batch_size})"
+                if key in done["rows"]:
+                    continue
+                base_seconds = done["rows"][f"ar (bs {batch_size})"].median_s if method != "ar" else None
+                sampler = make_sampler(lg, method, drafter, **knobs)
+                run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
+                feats, logits = judge(run["images"])
+                base_seconds = base_seconds or run["seconds"]
+                kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
+                matched = None
+                if method in LOSSLESS:  # greedy check on one batch: identical tokens to greedy AR
+                    greedy = {**sampling, "temperature": 0.0}
+                    check = classes[:batch_size]
+                    ar = make_sampler(lg, "ar").sample(torch.tensor(check), **greedy, decode=False).tokens
+                    matched = torch.equal(sampler.sample(torch.tensor(check), **greedy, decode=False).tokens, ar)
+                tokens = run["tokens"].numel()
+                done["rows"][key] = BenchRow(
+                    method=key, tokens_per_s=tokens / run["seconds"],
+                    speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
+                    new_tokens=tokens, median_s=run["seconds"],
+                    extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
+                           "class acc": f"{accuracy(logits, labels):.2f}",
+                           "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
+                           else "-"})
+                partial.mkdir(exist_ok=True)
+                with atomic_writer(partial / "ref.pt") as f:  # ref first: rows.json names what ref.pt must hold
+                    torch.save({str(k): v for k, v in done["ref"].items()}, f)
+                atomic_write_text(partial / "rows.json", json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
+                if batch_size == args.batch_sizes[0]:
+                    grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"
+                    atomic_save_image(image_grid(run["images"][: 4 * len(models.classes)], len(models.classes)), grid)
+        notes += [
+            ("mean accepted = step compression: image tokens per target forward per row (the condition prefill that "
+            "samples token 0 counts as a forward; AR = 1.00)."),
+            ("speedup = AR wall time / method wall time at the same batch size (one run each, same classes and "
+            "per-image seeds; CPU timings on a shared machine are noisy)."),
+            "outputs match: greedy (T=0) tokens of one batch equal greedy AR's (lossless methods only); n/a for lossy.",
+            ("FID/KID: features of the zoo's timm classifier, each method's set against a second AR set of the same "
+            "size (other seeds); the AR row is the AR-vs-AR noise floor. KID: unbiased MMD^2 (can be negative), "
+            "mean ± std over 50 random subsets of 2/3 of each set; FID on fewer images than feature dimensions is "
+            "dominated by estimation noise."),
+            (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
+            f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
+        ]
+        setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
+                 f"{record['tokens_per_image']} tokens per {record['image_size']} px image, "
+                 f"{lg.config.vocab_size} codes", "images per method": args.images,
+                 "sampling": f"T=1, top-k {args.top_k}, cfg {args.cfg_scale}", "knobs": knobs,
+                 "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
+                 "device": str(device)}
+        command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
+        report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
+                             setup=setup, notes=notes, machine=machine_info(device),
+                             created=time.strftime("%Y-%m-%d %H:%M:%S"))
+        print(report.table())
+        json_path, md_path = report.write(out, stem)
+        print(f"wrote {json_path} and {md_path}")
     shutil.rmtree(partial, ignore_errors=True)
     return 0
 

@@ -22,6 +22,7 @@ import specmm
 from specmm.bench.harness import BenchReport, BenchRow
 from specmm.core.stats import GenerationStats
 from specmm.drafters import ModelDrafter
+from specmm.jobs import atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 from specmm.reasoning import (
     Arbitrage,
@@ -243,7 +244,8 @@ def plot(results: dict[int, list[MethodResult]], path: str | Path) -> Path:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    with atomic_writer(path) as f:
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -253,9 +255,9 @@ def write(reports: list[BenchReport], results, directory: str | Path, stem: str)
     directory.mkdir(parents=True, exist_ok=True)
     png = plot(results, directory / f"{stem}.png")
     md = "\n\n".join(r.markdown() for r in reports) + f"\n\n![accuracy vs latency]({png.name})\n"
-    (directory / f"{stem}.md").write_text(md)
+    atomic_write_text(directory / f"{stem}.md", md)
     data = {"reports": [asdict(r) for r in reports],
             "results": {b: [{k: v for k, v in asdict(r).items() if k != "completions"} for r in rs]
                         for b, rs in results.items()}}
-    (directory / f"{stem}.json").write_text(json.dumps(data, indent=2))
+    atomic_write_text(directory / f"{stem}.json", json.dumps(data, indent=2))
     return directory / f"{stem}.json", directory / f"{stem}.md", png

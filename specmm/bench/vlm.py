@@ -15,6 +15,7 @@ import torch
 import specmm
 from specmm.bench.core import _describe, new_token_rows
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.jobs import atomic_write_text
 from specmm.machine import machine_info
 
 
@@ -153,6 +154,6 @@ def write_reports(reports: list[BenchReport], directory: str | Path, stem: str) 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     md = "\n\n".join(r.markdown() for r in reports)
-    (directory / f"{stem}.md").write_text(md)
-    (directory / f"{stem}.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    atomic_write_text(directory / f"{stem}.md", md)
+    atomic_write_text(directory / f"{stem}.json", json.dumps([asdict(r) for r in reports], indent=2))
     return directory / f"{stem}.json", directory / f"{stem}.md"

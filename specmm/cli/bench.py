@@ -6,7 +6,24 @@ from __future__ import annotations
 import torch
 
 import specmm
-from specmm.cli.common import command_line, default_device, dtype_arg, dynamic_tree, fill_draft_defaults, positive_int
+from specmm.cli.common import (
+    command_line,
+    default_device,
+    device_arg,
+    dtype_arg,
+    dynamic_tree,
+    fill_draft_defaults,
+    float_range,
+    int_range,
+    loading,
+    model_folder,
+    nonnegative_int,
+    positive_int,
+    read_text_lines,
+    report_lock,
+    set_types,
+    temperature_arg,
+)
 
 
 def cmd_bench(args) -> int:
@@ -14,7 +31,8 @@ def cmd_bench(args) -> int:
         return cmd_bench_vlm(args)
     if args.bench_command == "ssm":
         from specmm.bench import ssm as bench_ssm
-        return bench_ssm.run_command(args, command_line())
+        with report_lock(args.out, args.name or f"ssm-{args.scale}-{torch.device(args.device).type}"):
+            return bench_ssm.run_command(args, command_line())
     if args.bench_command == "image_ar":
         from specmm.bench.image_ar import bench_image_ar
         return bench_image_ar(args)
@@ -26,19 +44,29 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_core(args) -> int:
+    device = torch.device(args.device)
+    fill_draft_defaults(args)
+    source = "random" if args.random else ("custom" if args.target else f"{args.zoo}-{args.scale}")
+    name = args.name or f"core-{source}-{device.type}"
+    with report_lock(args.out, name):
+        return _bench_core(args, device, name)
+
+
+def _bench_core(args, device, name) -> int:
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
 
-    device = torch.device(args.device)
-    fill_draft_defaults(args)
     if args.random:
-        data, source = sources.random_pair(args.batch_size, device, args.dtype), "random"
+        data = sources.random_pair(args.batch_size, device, args.dtype)
     elif args.target:
-        data, source = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device,
-                                          args.dtype), "custom"
+        model_folder("--target", args.target)
+        model_folder("--draft", args.draft)
+        if args.prompts:
+            read_text_lines("--prompts", args.prompts)  # a missing or non-UTF-8 file is named before loading
+        with loading("--target/--draft", f"{args.target} and {args.draft}"):
+            data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
     else:
-        data, source = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype), \
-            f"{args.zoo}-{args.scale}"
+        data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)
     setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, tree=dynamic_tree(args),
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats)
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
@@ -46,23 +74,30 @@ def cmd_bench_core(args) -> int:
     print(report.table())
     for note in report.notes:
         print("note:", note)
-    name = args.name or f"core-{source}-{device.type}"
     json_path, md_path = report.write(args.out, name)
     print(f"wrote {json_path} and {md_path}")
     return 0
 
 
 def cmd_bench_vlm(args) -> int:
-    from specmm import zoo
-    from specmm.bench.vlm import VLMBenchSetup, bench_vlm, write_reports
-    from specmm.vlm import METHODS, VisionDrafter
-    from specmm.zoo import captioner
+    from specmm.vlm import METHODS
 
     methods = args.methods.split(",") if args.methods else list(METHODS)
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
     device = torch.device(args.device)
+    name = args.name or f"vlm-captioner-{args.scale}-{device.type}"
+    with report_lock(args.out, name):
+        return _bench_vlm(args, methods, device, name)
+
+
+def _bench_vlm(args, methods, device, name) -> int:
+    from specmm import zoo
+    from specmm.bench.vlm import VLMBenchSetup, bench_vlm, write_reports
+    from specmm.vlm import VisionDrafter
+    from specmm.zoo import captioner
+
     models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
     drafters_dir = zoo.build("captioner-drafters", args.scale)
     drafters = {m: VisionDrafter.from_pretrained(drafters_dir / m, models.target) for m in methods}
@@ -79,23 +114,31 @@ def cmd_bench_vlm(args) -> int:
     reports, _ = bench_vlm(models, drafters, setup, command=command_line(), description=description)
     for report in reports:
         print(f"\n{report.name}\n{report.table()}")
-    json_path, md_path = write_reports(reports, args.out, args.name or f"vlm-captioner-{args.scale}-{device.type}")
+    json_path, md_path = write_reports(reports, args.out, name)
     print(f"wrote {json_path} and {md_path}")
     return 0
 
 
 def cmd_bench_cspd(args) -> int:
-    from pathlib import Path
-
-    from specmm import zoo
-    from specmm.bench.cspd import CSpDBenchSetup, bench_cspd
-    from specmm.zoo import cspd
+    from specmm.bench.cspd import CSpDBenchSetup
 
     setup = CSpDBenchSetup(images=args.images, batch_size=args.batch_size, draft_tokens=tuple(args.k),
                            rules=tuple(args.rules), prefill_tokens=args.prefill_tokens,
                            temperature=args.temperature, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                            compile_heads=args.compile_heads)
     device = torch.device(args.device)
+    name = args.name or f"cspd-{args.scale}-{device.type}"
+    with report_lock(args.out, name):
+        return _bench_cspd(args, setup, device, name)
+
+
+def _bench_cspd(args, setup, device, name) -> int:
+    from pathlib import Path
+
+    from specmm import zoo
+    from specmm.bench.cspd import bench_cspd
+    from specmm.zoo import cspd
+
     models = cspd.load(zoo.build("cspd", args.scale), device)
     record = zoo.record("cspd", args.scale)
     description = {"zoo": f"cspd-{args.scale}", "latent tokens per image": models["target"].config.num_tokens,
@@ -104,7 +147,6 @@ def cmd_bench_cspd(args) -> int:
                    "target params": record["target"]["parameters"], "draft params": record["draft"]["parameters"],
                    "FID/KID features": f"timm {record['classifier']['model']} trained on the class images "
                    f"(held-out accuracy {record['classifier']['heldout_accuracy']:.2f})"}
-    name = args.name or f"cspd-{args.scale}-{device.type}"
     report, _ = bench_cspd(models, setup, command=command_line(), description=description,
                            grid_path=Path(args.out) / f"{name}-grid.png")
     print(report.table())
@@ -124,8 +166,11 @@ def cmd_bench_dlm(args) -> int:
                           block_length=args.block_length, draft_size=args.draft_size, tree_width=args.tree_width,
                           caches=tuple(None if c == "none" else c for c in args.caches), repeats=args.repeats,
                           warmup=args.warmup)
-    reports, paths = bench_dlm_zoo(args.scale, setup, torch.device(args.device), args.dtype, command=command_line(),
-                                   out=args.out, name=args.name)
+    device = torch.device(args.device)
+    name = args.name or f"dlm-code-{args.scale}-{device.type}"
+    with report_lock(args.out, name):
+        reports, paths = bench_dlm_zoo(args.scale, setup, device, args.dtype, command=command_line(), out=args.out,
+                                       name=name)
     for report in reports:
         print(f"\n{report.name}\n{report.table()}")
     print(f"wrote {paths[0]} and {paths[1]}")
@@ -144,15 +189,16 @@ def add_parser(sub):
     core.add_argument("--draft", help="local HF folder of a smaller LM with the same vocabulary")
     core.add_argument("--prompts", help="text file, one prompt per line (with --target)")
     core.add_argument("--scale", default="cpu")
-    core.add_argument("--device", default=default_device())
+    core.add_argument("--device", type=device_arg, default=default_device())
     core.add_argument("--dtype", type=dtype_arg, default=torch.float32)
-    core.add_argument("--batch-size", type=int, default=4)
-    core.add_argument("--max-new-tokens", type=int, default=128)
-    core.add_argument("--k", type=int, help="chain length (default: 2 on CPU, 4 on CUDA)")
-    core.add_argument("--depth", type=int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
-    core.add_argument("--top-k", type=int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
-    core.add_argument("--total-tokens", type=int, help="dynamic tree nodes incl. root (default: 8 on CPU, 24 on CUDA)")
-    core.add_argument("--repeats", type=int, default=3)
+    core.add_argument("--batch-size", type=positive_int, default=4)
+    core.add_argument("--max-new-tokens", type=positive_int, default=128)
+    core.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    core.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
+    core.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
+    core.add_argument("--total-tokens", type=int_range(2),
+                      help="dynamic tree nodes incl. root (default: 8 on CPU, 24 on CUDA)")
+    core.add_argument("--repeats", type=positive_int, default=3)
     core.add_argument("--out", default="benchmarks")
     core.add_argument("--name", help="report file stem (default core-<source>-<device>)")
     vlm = bsub.add_parser("vlm", help="captioning: target-only vs HF assisted vs every VisionDrafter method")
@@ -160,34 +206,41 @@ def add_parser(sub):
     vlm.add_argument("--methods", help="comma-separated subset of eagle,msd,vispec,dream,flash (default: all)")
     vlm.add_argument("--scenes", type=positive_int, default=8)
     vlm.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8])
-    vlm.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    vlm.add_argument("--temperatures", type=temperature_arg, nargs="+", default=[0.0, 1.0])
     vlm.add_argument("--max-new-tokens", type=positive_int, default=160)
-    vlm.add_argument("--depth", type=int)
-    vlm.add_argument("--top-k", type=int)
-    vlm.add_argument("--total-tokens", type=int)
+    vlm.add_argument("--depth", type=positive_int)
+    vlm.add_argument("--top-k", type=positive_int)
+    vlm.add_argument("--total-tokens", type=int_range(2))
     vlm.add_argument("--repeats", type=positive_int, default=3)
-    vlm.add_argument("--device", default=default_device())
+    vlm.add_argument("--device", type=device_arg, default=default_device())
     vlm.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     vlm.add_argument("--out", default="benchmarks")
     vlm.add_argument("--name", help="report file stem (default vlm-captioner-<scale>-<device>)")
     from specmm.bench import ssm as bench_ssm
     bench_ssm.add_parser(bsub, positive_int)
+    set_types(bsub.choices["ssm"], {"device": device_arg})
     from specmm.bench.image_ar import add_parser as add_bench_image_ar
     add_bench_image_ar(bsub)
+    set_types(bsub.choices["image_ar"], {
+        "images": positive_int, "batch_sizes": positive_int, "cfg_scale": float_range(1.0), "top_k": nonnegative_int,
+        "window": int_range(2), "delta": float_range(0.0, 1.0), "lam": float_range(1.0), "lantern_k": positive_int,
+        "lantern_pp_k": positive_int, "gsd_window": positive_int, "gsd_gap": float_range(0.0, 1.0),
+        "gsd_quantile": float_range(0.0, 1.0), "seed": nonnegative_int, "device": device_arg})
     cs = bsub.add_parser("cspd", help="continuous-token AR: target alone vs CSpD (zoo cspd), FID/KID vs noise floor")
     cs.add_argument("--scale", default="cpu")
     cs.add_argument("--images", type=positive_int, default=200)
     cs.add_argument("--batch-size", type=positive_int, default=50)
     cs.add_argument("--k", type=positive_int, nargs="+", default=[4], help="draft tokens per round (several: one row each)")
     cs.add_argument("--rules", nargs="+", default=["trajectory", "final-step"], help="trajectory | final-step")
-    cs.add_argument("--prefill-tokens", type=int, default=0, help="first tokens generated by the target alone")
-    cs.add_argument("--temperature", type=float, default=1.0)
+    cs.add_argument("--prefill-tokens", type=nonnegative_int, default=0,
+                    help="first tokens generated by the target alone")
+    cs.add_argument("--temperature", type=float_range(0.0, low_open=True), default=1.0)
     cs.add_argument("--repeats", type=positive_int, default=1)
-    cs.add_argument("--warmup", type=int, default=0)
-    cs.add_argument("--seed", type=int, default=0)
+    cs.add_argument("--warmup", type=nonnegative_int, default=0)
+    cs.add_argument("--seed", type=nonnegative_int, default=0)
     cs.add_argument("--compile-heads", action="store_true",
                     help="torch.compile the denoising chains of target and draft (every row alike; compiled untimed)")
-    cs.add_argument("--device", default=default_device())
+    cs.add_argument("--device", type=device_arg, default=default_device())
     cs.add_argument("--out", default="benchmarks")
     cs.add_argument("--name", help="report file stem (default cspd-<scale>-<device>)")
     dlm = bsub.add_parser("dlm", help="diffusion LM: stepwise vs SSD vs lossy parallel decoders (zoo dlm-code)")
@@ -200,8 +253,8 @@ def add_parser(sub):
     dlm.add_argument("--tree-width", type=positive_int, default=3)
     dlm.add_argument("--caches", nargs="+", default=["none", "prefix"], help="none and/or prefix")
     dlm.add_argument("--repeats", type=positive_int, default=3)
-    dlm.add_argument("--warmup", type=int, default=1)
-    dlm.add_argument("--device", default=default_device())
+    dlm.add_argument("--warmup", type=nonnegative_int, default=1)
+    dlm.add_argument("--device", type=device_arg, default=default_device())
     dlm.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     dlm.add_argument("--out", default="benchmarks")
     dlm.add_argument("--name", help="report file stem (default dlm-code-<scale>-<device>)")

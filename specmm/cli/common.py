@@ -1,10 +1,17 @@
-"""Argument types and defaults every `specmm` subcommand shares (dtype names, positive integers, draft shapes)."""
+"""Argument types and helpers every `specmm` subcommand shares: checked counts and numbers (each refusal names
+the argument and the allowed range, before any work), devices, local model folders, loading errors that name the
+file, text inputs, draft shapes."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import pickle
+import re
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,12 +27,137 @@ def dtype_arg(name: str) -> torch.dtype:
     return table[name]
 
 
-def positive_int(text: str) -> int:
-    """An integer argument >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def _range_text(low, high) -> str:
+    if high is None:
+        return f">= {low}"
+    return f"in [{low}, {high}]"
+
+
+def int_range(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (no upper bound when `high` is None)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {_range_text(low, high)}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {_range_text(low, high)}, got {value}")
+        return value
+    parse.__name__ = f"integer {_range_text(low, high)}"
+    return parse
+
+
+positive_int = int_range(1)
+"""An integer argument >= 1."""
+nonnegative_int = int_range(0)
+"""An integer argument >= 0."""
+
+
+def float_range(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                high_open: bool = False):
+    """An argparse type: a finite number in the given interval (NaN and +-inf always refused)."""
+    left = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+    right = "" if high is None else (f"< {high}" if high_open else f"<= {high}")
+    bounds = " and ".join(b for b in (left, right) if b)
+    wanted = "a finite number" + (f" {bounds}" if bounds else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        bad = (not math.isfinite(value) or (low is not None and (value <= low if low_open else value < low))
+               or (high is not None and (value >= high if high_open else value > high)))
+        if bad:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text}")
+        return value
+    parse.__name__ = wanted
+    return parse
+
+
+finite_float = float_range()
+temperature_arg = float_range(0.0)  # 0 is greedy
+probability = float_range(0.0, 1.0, low_open=True)  # top-p
+
+
+def device_arg(text: str) -> str:
+    """`--device`: cpu, cuda, cuda:N or mps, refused here (not as a traceback later) when this machine lacks it."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a torch device such as cpu, cuda or cuda:0, got {text!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU is available on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: MPS is not available on this machine; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
+def model_folder(argument: str, path: str | None, needs: str = "config.json") -> Path | None:
+    """Check before loading that `path` (the value of `argument`) is a local folder holding `needs`."""
+    if path is None:
+        return None
+    folder = Path(path)
+    if not folder.exists():
+        raise FileNotFoundError(f"{argument}: {path} does not exist (expected a local model folder)")
+    if not folder.is_dir():
+        raise ValueError(f"{argument}: {path} is a file, expected a local model folder with {needs}")
+    if needs and not (folder / needs).is_file():
+        raise FileNotFoundError(f"{argument}: no {needs} in {path} (expected a saved model folder)")
+    return folder
+
+
+def input_file(argument: str, path: str) -> Path:
+    """Check that `path` (the value of `argument`) is an existing file."""
+    file = Path(path)
+    if not file.is_file():
+        what = "is a folder" if file.is_dir() else "does not exist"
+        raise FileNotFoundError(f"{argument}: {path} {what} (expected a file)")
+    return file
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [OSError, ValueError, KeyError, RuntimeError, EOFError,
+                                         pickle.UnpicklingError]
+    try:
+        from safetensors import SafetensorError
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        pass
+    return tuple(errors)
+
+
+@contextmanager
+def loading(argument: str, path, what: str = "model") -> Iterator[None]:
+    """Turn a failure while loading `path` (a corrupt safetensors header, a refused pickle, a checkpoint that
+    does not fit its config, a missing file, ...) into a ValueError naming the argument and the file."""
+    try:
+        yield
+    except _load_errors() as err:
+        if isinstance(err, ValueError) and re.match(r"-{0,2}[A-Za-z_][\w\-/]*: ", str(err)):
+            raise  # already names what is wrong (e.g. `image_size: ...`): not a damaged file
+        reason = " ".join(str(err).split()) or type(err).__name__
+        if len(reason) > 600:
+            reason = reason[:600] + " ..."
+        raise ValueError(f"{argument}: cannot load the {what} at {path}: {type(err).__name__}: {reason}; check that "
+                         "the file is complete (re-download or re-save it) and matches its config") from err
+
+
+def read_text_lines(argument: str, path: str) -> list[str]:
+    """The non-blank lines of a UTF-8 text file; errors name the argument, the file and the byte offset."""
+    file = input_file(argument, path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{argument}: {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it, e.g. "
+                         f"`iconv -t UTF-8 {shlex.quote(str(path))}`") from None
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def default_device() -> str:
@@ -55,10 +187,28 @@ def dynamic_tree(args) -> specmm.TreeSpec:
     return specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
 
 
+def report_lock(out: str | Path, stem: str):
+    """The lock a benchmark holds while it runs and writes `<out>/<stem>.*` (a hidden `.<stem>.lock` file): a second
+    run writing the same report is refused, naming the first one's PID."""
+    from specmm.jobs import OutputLock
+
+    return OutputLock(Path(out) / f".{stem}.lock", "--out/--name", Path(out) / f"{stem}.*")
+
+
+def set_types(parser: argparse.ArgumentParser, types: dict) -> None:
+    """Give the arguments `types` names (dest -> argparse type) checked types after they were registered (for
+    parsers a lower layer builds, which cannot import this module)."""
+    for action in parser._actions:
+        if action.dest in types:
+            action.type = types[action.dest]
+
+
 def mkdir(path: str) -> Path:
     Path(path).mkdir(parents=True, exist_ok=True)
     return Path(path)
 
 
-__all__ = ["DRAFT_DEFAULTS", "command_line", "default_device", "dtype_arg", "dynamic_tree", "fill_draft_defaults",
-           "mkdir", "positive_int"]
+__all__ = ["DRAFT_DEFAULTS", "command_line", "default_device", "device_arg", "dtype_arg", "dynamic_tree",
+           "fill_draft_defaults", "finite_float", "float_range", "input_file", "int_range", "loading", "mkdir",
+           "model_folder", "nonnegative_int", "positive_int", "probability", "read_text_lines", "report_lock",
+           "set_types", "temperature_arg"]

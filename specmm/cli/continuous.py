@@ -1,5 +1,7 @@
 """`specmm sample-continuous`: class-conditional images from a continuous-token AR model, alone or with CSpD and a
-draft; PNGs are written as each batch finishes, `--resume` keeps them and samples the rest."""
+draft. The output folder is a job like `sample-images`' (manifest, lock, atomic PNGs); each batch draws from one
+generator seeded by its first image, so batches are fixed slices of the job and the batch size is part of the
+manifest: a resumed job re-samples whole batches and gets exactly the images of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -8,13 +10,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specmm.cli.common import float_range, loading, model_folder, nonnegative_int, positive_int
 from specmm.cli.images import (
     add_job_arguments,
     finish_job,
+    image_job,
     image_path,
     image_seed,
     parse_classes,
     plan_job,
+    save_batch,
 )
 
 
@@ -29,46 +34,51 @@ def cmd_sample_continuous(args) -> int:
     )
     from specmm.image_ar.continuous.latents import decode
     from specmm.image_ar.images import to_pil
+    from specmm.jobs import fingerprint
 
-    if args.batch_size < 1 or args.per_class < 1:
-        raise ValueError(f"--batch-size and --per-class: expected integers >= 1, got {args.batch_size}, "
-                         f"{args.per_class}")
     out = Path(args.out)
-    target = ContinuousAR.from_pretrained(args.target, args.device)
+    model_folder("--target", args.target)
+    model_folder("--vae", args.vae)
+    model_folder("--draft", args.draft)
+    with loading("--target", args.target):
+        target = ContinuousAR.from_pretrained(args.target, args.device)
     classes = parse_classes(args.classes, target.config.num_classes)
-    if not (Path(args.vae) / "config.json").is_file():
-        raise FileNotFoundError(f"--vae: no config.json in {args.vae} (a diffusers AutoencoderKL folder)")
-    vae = AutoencoderKL.from_pretrained(args.vae).to(args.device).eval()
+    with loading("--vae", args.vae, "VAE"):
+        vae = AutoencoderKL.from_pretrained(args.vae).to(args.device).eval()
     sampler = None
     if args.draft:
-        draft = ContinuousAR.from_pretrained(args.draft, args.device)
+        with loading("--draft", args.draft):
+            draft = ContinuousAR.from_pretrained(args.draft, args.device)
         sampler = CSpDSampler(target, draft, draft_tokens=args.k, rule=args.rule, prefill_tokens=args.prefill_tokens)
     if args.compile_heads:
         for model in (target, draft) if sampler else (target,):
             compile_chain(model.head)
 
-    jobs, todo = plan_job(out, classes, args.per_class, args.resume)
     method = f"cspd {args.rule} k={args.k}" if sampler else "ar"
-    forwards = tokens = drafted = accepted = 0
-    for start in tqdm(range(0, len(todo), args.batch_size), desc=f"sample-continuous {method}"):
-        batch = todo[start: start + args.batch_size]
-        # one generator per batch (the sampler draws for all rows at once): seeded by the batch's first image
-        gen = torch.Generator(device=args.device).manual_seed(image_seed(args.seed, *batch[0]))
-        labels = torch.tensor([c for c, _ in batch], device=args.device)
-        if sampler:
-            result = sampler.sample(labels, temperature=args.temperature, generator=gen)
-        else:
-            result = sample_ar(target, labels, temperature=args.temperature, generator=gen)
-        for job, picture in zip(batch, to_pil(decode(vae, result.tokens))):
-            picture.save(image_path(out, *job))
-        forwards += result.stats.row_forwards
-        tokens += result.stats.new_tokens
-        drafted, accepted = drafted + result.stats.continuous.drafted, accepted + result.stats.continuous.accepted
+    settings = {"method": method, "seed": args.seed, "temperature": args.temperature, "batch_size": args.batch_size,
+                "target": fingerprint(args.target), "vae": fingerprint(args.vae)}
+    if sampler:
+        settings.update(draft=fingerprint(args.draft), prefill_tokens=args.prefill_tokens)
+    with image_job(args, "sample-continuous", settings):
+        jobs, todo = plan_job(out, classes, args.per_class, args.batch_size)
+        forwards = tokens = drafted = accepted = written = 0
+        for batch in tqdm(todo, desc=f"sample-continuous {method}"):
+            # one generator per batch (the sampler draws for all rows at once): seeded by the batch's first image
+            gen = torch.Generator(device=args.device).manual_seed(image_seed(args.seed, *batch[0]))
+            labels = torch.tensor([c for c, _ in batch], device=args.device)
+            if sampler:
+                result = sampler.sample(labels, temperature=args.temperature, generator=gen)
+            else:
+                result = sample_ar(target, labels, temperature=args.temperature, generator=gen)
+            written += save_batch(out, batch, to_pil(decode(vae, result.tokens)))
+            forwards += result.stats.row_forwards
+            tokens += result.stats.new_tokens
+            drafted, accepted = drafted + result.stats.continuous.drafted, accepted + result.stats.continuous.accepted
 
-    summary = {"method": method, "images": len(jobs), "sampled_now": len(todo),
-               "mean_accepted_now": tokens / forwards if forwards else None,
-               "acceptance_rate_now": accepted / drafted if drafted else None}
-    finish_job(out, [image_path(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
+        summary = {"method": method, "settings": settings, "images": len(jobs), "sampled_now": written,
+                   "mean_accepted_now": tokens / forwards if forwards else None,
+                   "acceptance_rate_now": accepted / drafted if drafted else None}
+        finish_job(out, [image_path(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
     return 0
 
 
@@ -79,12 +89,14 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", help="smaller ContinuousAR folder of the same family: sample with CSpD")
     p.add_argument("--vae", required=True, help="diffusers AutoencoderKL folder (its config has the scaling factor)")
     p.add_argument("--classes", required=True, help="comma-separated class ids, e.g. 0,3")
-    p.add_argument("--per-class", type=int, default=4)
-    p.add_argument("--k", type=int, default=4, help="draft tokens per CSpD round")
+    p.add_argument("--per-class", type=positive_int, default=4)
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per CSpD round")
     p.add_argument("--rule", default="final-step", choices=["final-step", "trajectory"],
                    help="final-step: the paper's test; trajectory: exact for any number of denoising steps")
-    p.add_argument("--prefill-tokens", type=int, default=0, help="first tokens generated by the target alone")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prefill-tokens", type=nonnegative_int, default=0,
+                   help="first tokens generated by the target alone")
+    p.add_argument("--temperature", type=float_range(0.0, low_open=True), default=1.0,
+                   help="scales every denoising std (> 0)")
     p.add_argument("--compile-heads", action="store_true", help="torch.compile the denoising chains")
     add_job_arguments(p, batch_size=16)
     p.set_defaults(func=cmd_sample_continuous)

@@ -1,14 +1,36 @@
-"""`specmm sample-images`: class-conditional sampling to PNGs and a grid, with a progress bar and resume."""
+"""`specmm sample-images`: class-conditional sampling to PNGs and a grid, with a progress bar and resume.
+
+The output folder is a job (`specmm.jobs`): `job.json` records what changes the images (method, its knobs,
+seed, sampling, model fingerprints), `job.lock` refuses a second concurrent run, every PNG, the grid and
+`summary.json` are written atomically. Batches are fixed slices of the job's (class, index) list, so a resumed
+job samples exactly what an uninterrupted one would; `--resume` re-samples the batches holding a missing or
+unreadable PNG and keeps the rest.
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from specmm.cli.common import default_device
+from specmm.cli.common import (
+    default_device,
+    device_arg,
+    float_range,
+    input_file,
+    int_range,
+    loading,
+    nonnegative_int,
+    positive_int,
+    probability,
+    temperature_arg,
+)
+
+logger = logging.getLogger(__name__)
+
+OWNED = ("class*.png", "grid.png", "summary.json")  # what an image job writes (and --force deletes)
 
 
 def parse_classes(text: str, num_classes: int) -> list[int]:
@@ -19,6 +41,8 @@ def parse_classes(text: str, num_classes: int) -> list[int]:
     bad = [c for c in classes if not 0 <= c < num_classes]
     if not classes or bad:
         raise ValueError(f"--classes: class ids must be in [0, {num_classes}), got {text!r}")
+    if len(set(classes)) != len(classes):
+        raise ValueError(f"--classes: each class id once, got {text!r}")
     return classes
 
 
@@ -31,51 +55,111 @@ def image_seed(seed: int, label: int, index: int) -> int:
     return seed * 1_000_003 + label * 1000 + index
 
 
-def plan_job(out: Path, classes: list[int], per_class: int, resume: bool) -> tuple[list, list]:
-    """(every (class, index) of the job, those without a PNG in `out` yet); a folder that already holds images is
-    refused unless `resume`. Creates `out`."""
-    if out.exists() and any(out.glob("class*.png")) and not resume:
-        raise ValueError(f"--out: {out} already holds images; pass --resume to continue or pick a new folder")
-    out.mkdir(parents=True, exist_ok=True)
+def readable_png(path: Path) -> bool:
+    """Whether `path` is a complete image file (a file cut short by a kill, or not an image, is not)."""
+    from PIL import Image
+
+    if not path.is_file():
+        return False
+    try:
+        with Image.open(path) as image:
+            image.verify()
+        return True
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        logger.warning("%s: not a complete image; it is sampled again", path)
+        return False
+
+
+def plan_job(out: Path, classes: list[int], per_class: int, batch_size: int) -> tuple[list, list]:
+    """(every (class, index) of the job, the batches to run: fixed slices of that list of `batch_size` items,
+    those holding an image without a readable PNG in `out`)."""
     jobs = [(c, i) for c in classes for i in range(per_class)]
-    return jobs, [job for job in jobs if not image_path(out, *job).is_file()]
+    batches = [jobs[start: start + batch_size] for start in range(0, len(jobs), batch_size)]
+    return jobs, [b for b in batches if not all(readable_png(image_path(out, *job)) for job in b)]
+
+
+def image_job(args, kind: str, settings: dict):
+    """The Job for an image folder: lock, manifest, resume / force / refuse."""
+    from specmm.jobs import Job
+
+    out = Path(args.out)
+    return Job(out, kind, settings, resume=args.resume, force=args.force, folder=True, owned=OWNED, argument="--out")
+
+
+def save_batch(out: Path, batch: list, images) -> int:
+    """Write a batch's PNGs atomically, skipping those already complete (a re-run batch of a resumed job); returns
+    how many were written."""
+    from specmm.jobs import atomic_save_image
+
+    written = 0
+    for job, image in zip(batch, images):
+        path = image_path(out, *job)
+        if not readable_png(path):
+            atomic_save_image(image, path)
+            written += 1
+    return written
 
 
 def cmd_sample_images(args) -> int:
     from specmm.image_ar import ImageDrafter, LlamaGen
-    from specmm.image_ar.methods import make_sampler
+    from specmm.image_ar.methods import NEEDS_DRAFTER, make_sampler
+    from specmm.jobs import fingerprint
 
     out = Path(args.out)
-    lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
-                                  image_size=args.image_size).to(args.device)
+    for argument in ("--gpt-ckpt", "--vq-ckpt"):
+        input_file(argument, getattr(args, argument[2:].replace("-", "_")))
+    if args.method in NEEDS_DRAFTER and not args.drafter:
+        raise ValueError(f"--drafter: method {args.method!r} needs a trained image drafter (--drafter DIR)")
+    with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
+        lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
+                                      image_size=args.image_size).to(args.device)
     classes = parse_classes(args.classes, lg.config.num_classes)
-    drafter = ImageDrafter.from_pretrained(args.drafter, lg.gpt) if args.drafter else None
+    drafter = None
+    if args.drafter:
+        with loading("--drafter", args.drafter, "image drafter"):
+            drafter = ImageDrafter.from_pretrained(args.drafter, lg.gpt)
     sampler = make_sampler(lg, args.method, drafter, delta=args.delta, lam=args.lam)
-    jobs, todo = plan_job(out, classes, args.per_class, args.resume)
-    forwards = tokens = 0
-    for start in tqdm(range(0, len(todo), args.batch_size), desc=f"sample-images {args.method}"):
-        batch = todo[start: start + args.batch_size]
-        generators = [torch.Generator(device=args.device).manual_seed(image_seed(args.seed, c, i)) for c, i in batch]
-        res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
-                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generators)
-        for (c, i), image in zip(batch, res.images):
-            image.save(image_path(out, c, i))
-        forwards += res.stats.row_forwards
-        tokens += res.stats.new_tokens
-    summary = {"method": args.method, "images": len(jobs), "sampled_now": len(todo),
-               "step_compression_now": tokens / forwards if forwards else None}
-    finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
+    settings = {"method": args.method, "seed": args.seed, "cfg_scale": args.cfg_scale,
+                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                "gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "image_size": lg.image_size,
+                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+    if args.method == "lantern":
+        settings["delta"] = args.delta
+    if args.method == "lantern++":
+        settings["lam"] = args.lam
+    if drafter is not None and args.method in ("exact", "lantern", "lantern++"):
+        settings["drafter"] = fingerprint(args.drafter)
+    with image_job(args, "sample-images", settings):
+        jobs, todo = plan_job(out, classes, args.per_class, args.batch_size)
+        forwards = tokens = written = 0
+        for batch in tqdm(todo, desc=f"sample-images {args.method}"):
+            generators = [torch.Generator(device=args.device).manual_seed(image_seed(args.seed, c, i))
+                          for c, i in batch]
+            res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 generator=generators)
+            written += save_batch(out, batch, res.images)
+            forwards += res.stats.row_forwards
+            tokens += res.stats.new_tokens
+        summary = {"method": args.method, "settings": settings, "images": len(jobs), "sampled_now": written,
+                   "step_compression_now": tokens / forwards if forwards else None}
+        finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
     return 0
 
 
 def finish_job(out: Path, images: list[Path], columns: int, summary: dict, per_forward: str) -> None:
-    """Write the grid of every image of the job and summary.json; print a one-line report."""
+    """Write the grid of every image of the job and summary.json (atomically); print a one-line report."""
     from PIL import Image
 
     from specmm.image_ar.images import image_grid
+    from specmm.jobs import atomic_save_image, atomic_write_json
 
-    image_grid([Image.open(path) for path in images], columns).save(out / "grid.png")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    opened = []
+    for path in images:
+        with Image.open(path) as image:
+            opened.append(image.convert("RGB"))
+    atomic_save_image(image_grid(opened, columns), out / "grid.png")
+    atomic_write_json(out / "summary.json", summary)
     rate = summary[per_forward]
     print(f"{summary['sampled_now']} new images ({summary['images']} total) -> {out}; grid {out / 'grid.png'}"
           + (f"; {rate:.2f} tokens per target forward" if rate is not None else ""))
@@ -87,29 +171,33 @@ def add_parser(sub) -> None:
     p.add_argument("--vq-ckpt", required=True, help="upstream LlamaGen VQ .pt")
     p.add_argument("--gpt-config", required=True, help="preset (GPT-B, GPT-L, ...) or JSON file")
     p.add_argument("--vq-config", default="VQ-16", help="preset (VQ-16, VQ-8) or JSON file")
-    p.add_argument("--image-size", type=int, help="pixels (default: grid x downsample)")
+    p.add_argument("--image-size", type=positive_int,
+                   help="pixels (default and only valid value: the GPT's token grid x the VQ downsample)")
     p.add_argument("--classes", required=True, help="comma-separated class ids, e.g. 1,2")
-    p.add_argument("--per-class", type=int, default=4)
+    p.add_argument("--per-class", type=int_range(1, 1000), default=4, help="images per class (1..1000)")
     p.add_argument("--method", default="sjd", choices=["ar", "exact", "sjd", "lantern", "lantern++", "gsd"])
     p.add_argument("--drafter", help="image drafter folder (needed by lantern and lantern++)")
-    p.add_argument("--delta", type=float, default=0.1, help="LANTERN TV budget")
-    p.add_argument("--lam", type=float, default=5.0, help="LANTERN++ lambda")
-    p.add_argument("--cfg-scale", type=float, default=4.0)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=2000)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--delta", type=float_range(0.0, 1.0), default=0.1, help="LANTERN TV budget in [0, 1]")
+    p.add_argument("--lam", type=float_range(1.0), default=5.0, help="LANTERN++ lambda (>= 1)")
+    p.add_argument("--cfg-scale", type=float_range(1.0), default=4.0, help="guidance scale (finite, >= 1)")
+    p.add_argument("--temperature", type=temperature_arg, default=1.0)
+    p.add_argument("--top-k", type=nonnegative_int, default=2000, help="0 disables top-k")
+    p.add_argument("--top-p", type=probability, default=1.0)
     add_job_arguments(p, batch_size=8)
     p.set_defaults(func=cmd_sample_images)
 
 
 def add_job_arguments(p, batch_size: int) -> None:
-    """The options every image-sampling job shares: batch size, seed, output folder, resume, device."""
-    p.add_argument("--batch-size", type=int, default=batch_size)
-    p.add_argument("--seed", type=int, default=0)
+    """The options every image-sampling job shares: batch size, seed, output folder, resume / force, device."""
+    p.add_argument("--batch-size", type=positive_int, default=batch_size)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true", help="keep the PNGs already in --out and sample the rest")
-    p.add_argument("--device", default=default_device())
+    job = p.add_mutually_exclusive_group()
+    job.add_argument("--resume", action="store_true",
+                     help="continue the same job in --out: keep its complete PNGs and sample the rest")
+    job.add_argument("--force", action="store_true", help="delete the images --out holds and start over")
+    p.add_argument("--device", type=device_arg, default=default_device())
 
 
-__all__ = ["add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_path", "image_seed",
-           "parse_classes", "plan_job"]
+__all__ = ["OWNED", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
+           "image_seed", "parse_classes", "plan_job", "readable_png", "save_batch"]

@@ -6,8 +6,22 @@ import json
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from specmm.cli.common import command_line, default_device
+from specmm.cli.common import (
+    command_line,
+    default_device,
+    device_arg,
+    finite_float,
+    float_range,
+    int_range,
+    loading,
+    model_folder,
+    nonnegative_int,
+    positive_int,
+    read_text_lines,
+    temperature_arg,
+)
 
 POLICIES = ("target-only", "draft-only", "specreason", "arbitrage", "random")
 
@@ -19,31 +33,36 @@ def add_parsers(sub, bench_sub) -> None:
     source.add_argument("--zoo", default="chainarith", help="zoo entry with target, draft and router")
     source.add_argument("--target", help="local HF causal LM folder (with --draft and --prompts)")
     reason.add_argument("--draft", help="local HF folder of a smaller LM with the same tokenizer")
-    reason.add_argument("--prompts", help="text file, one prompt per line (default with --zoo: held-out problems)")
-    reason.add_argument("--problems", type=int, default=8, help="held-out zoo problems when --prompts is not given")
+    reason.add_argument("--prompts", help="UTF-8 text file, one prompt per line (default with --zoo: held-out "
+                        "problems)")
+    reason.add_argument("--problems", type=int_range(1, 100_000), default=8,
+                        help="held-out zoo problems when --prompts is not given")
     reason.add_argument("--policy", choices=POLICIES, default="specreason")
-    reason.add_argument("--threshold", type=float, help="SpecReason score (0-9), Arbitrage probability, random p")
+    reason.add_argument("--threshold", type=finite_float,
+                        help="SpecReason score (0-9), Arbitrage probability, random p")
     reason.add_argument("--judge", default=None, help="judge suffix text (default: chat template, or <JUDGE> on the zoo)")
     reason.add_argument("--delimiter", default=None, help="step delimiter string (default: '\\n\\n'; <STEP> on the zoo)")
-    reason.add_argument("--max-step-tokens", type=int, default=256)
-    reason.add_argument("--max-new-tokens", type=int, default=1024)
-    reason.add_argument("--temperature", type=float, default=0.0)
-    reason.add_argument("--batch-size", type=int, default=8)
-    reason.add_argument("--seed", type=int, default=0)
+    reason.add_argument("--max-step-tokens", type=positive_int, default=256)
+    reason.add_argument("--max-new-tokens", type=positive_int, default=1024)
+    reason.add_argument("--temperature", type=temperature_arg, default=0.0)
+    reason.add_argument("--batch-size", type=positive_int, default=8)
+    reason.add_argument("--seed", type=nonnegative_int, default=0)
     reason.add_argument("--scale", default="cpu")
-    reason.add_argument("--device", default=default_device())
+    reason.add_argument("--device", type=device_arg, default=default_device())
     reason.add_argument("--out", required=True, help="output .jsonl (one rollout per line)")
-    reason.add_argument("--resume", action="store_true", help="skip prompts already in --out")
+    job = reason.add_mutually_exclusive_group()
+    job.add_argument("--resume", action="store_true", help="continue the same job in --out: skip prompts already in it")
+    job.add_argument("--force", action="store_true", help="discard what --out holds and start over")
     reason.set_defaults(func=cmd_reason)
 
     bench = bench_sub.add_parser("reasoning", help="ChainArith: target/draft-only, SpecReason, Arbitrage, random, "
                                  "token-level SD; accuracy vs measured latency")
     bench.add_argument("--scale", default="cpu")
-    bench.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
-    bench.add_argument("--problems", type=int, nargs="+", help="problems per batch size (default 64 64 128)")
-    bench.add_argument("--specreason-thresholds", type=float, nargs="+", default=[3.0, 6.0, 8.0])
-    bench.add_argument("--arbitrage-thresholds", type=float, nargs="+", default=[0.2, 0.5, 0.8])
-    bench.add_argument("--device", default=default_device())
+    bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64])
+    bench.add_argument("--problems", type=positive_int, nargs="+", help="problems per batch size (default 64 64 128)")
+    bench.add_argument("--specreason-thresholds", type=float_range(0.0, 9.0), nargs="+", default=[3.0, 6.0, 8.0])
+    bench.add_argument("--arbitrage-thresholds", type=float_range(0.0, 1.0), nargs="+", default=[0.2, 0.5, 0.8])
+    bench.add_argument("--device", type=device_arg, default=default_device())
     bench.add_argument("--out", default="benchmarks")
     bench.add_argument("--name", help="report file stem (default reasoning-chainarith-<scale>-<device>)")
     bench.set_defaults(func=cmd_bench_reasoning)
@@ -64,8 +83,15 @@ def _policy(args, models, tokenizer):
     if args.policy == "draft-only":
         return DraftOnly()
     if args.policy == "specreason":
-        template = JudgeTemplate.from_text(tokenizer, args.judge) if args.judge else (
-            JudgeTemplate.from_text(tokenizer, "<JUDGE>") if models is not None else None)
+        if args.judge is None and models is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"--judge: --policy specreason asks the target to score each step, and the tokenizer of "
+                             f"--target {args.target} has no chat template to ask with; pass --judge TEXT (the "
+                             "suffix after which the target writes a 0-9 score), or use another --policy")
+        try:
+            template = JudgeTemplate.from_text(tokenizer, args.judge) if args.judge else (
+                JudgeTemplate.from_text(tokenizer, "<JUDGE>") if models is not None else None)
+        except ValueError as err:
+            raise ValueError(f"--judge: {err}") from None
         return SpecReason(7.0 if args.threshold is None else args.threshold, template=template, method="expected")
     if args.policy == "arbitrage":
         if models is None:
@@ -74,61 +100,134 @@ def _policy(args, models, tokenizer):
     return RandomRouting(0.5 if args.threshold is None else args.threshold, seed=args.seed)
 
 
-def cmd_reason(args) -> int:
+def item_keys(prompts: list[str]) -> list[str]:
+    """One key per prompt: the hash of its text, then '#n' for its n-th repetition in the file."""
+    from specmm.jobs import text_key
+
+    seen: dict[str, int] = {}
+    keys = []
+    for prompt in prompts:
+        key = text_key(prompt)
+        seen[key] = seen.get(key, -1) + 1
+        keys.append(f"{key}#{seen[key]}")
+    return keys
+
+
+def item_seed(seed: int, key: str) -> int:
+    """A prompt's sampling seed: a function of the job seed and the prompt's key (not of its line number), so a
+    resumed or reordered job samples each prompt as a fresh run would."""
+    import hashlib
+
+    return seed * 1_000_003 + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+
+
+def _load_models(args, device):
+    """(target, draft, tokenizer, zoo models or None, delimiter, fingerprints of what was loaded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specmm.core.sampling import SamplingConfig
-    from specmm.reasoning import StepSpeculator
+    from specmm.jobs import fingerprint
 
-    out = Path(args.out)
-    if out.exists() and not args.resume:
-        raise ValueError(f"--out: {out} exists; pass --resume to continue it or choose another file")
-    sampling = SamplingConfig(temperature=args.temperature)
-    device = torch.device(args.device)
-    models = None
     if args.target:
         if not args.draft or not args.prompts:
             raise ValueError("--target: also give --draft and --prompts")
+        model_folder("--target", args.target)
+        model_folder("--draft", args.draft)
         load = {"dtype": torch.float32, "attn_implementation": "sdpa"}
-        target = AutoModelForCausalLM.from_pretrained(args.target, **load).to(device).eval()
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
-        delimiter = args.delimiter or "\n\n"
-    else:
-        from specmm import zoo
-        from specmm.zoo import chainarith
+        with loading("--target", args.target):
+            target = AutoModelForCausalLM.from_pretrained(args.target, **load).to(device).eval()
+            tokenizer = AutoTokenizer.from_pretrained(args.target)
+        with loading("--draft", args.draft):
+            draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(device).eval()
+        prints = {"target": fingerprint(args.target), "draft": fingerprint(args.draft)}
+        return target, draft, tokenizer, None, args.delimiter or "\n\n", prints
+    from specmm import zoo
+    from specmm.zoo import chainarith
 
-        models = chainarith.load(zoo.build(args.zoo, args.scale), device=device)
-        target, draft, tokenizer = models.target, models.draft, models.tokenizer
-        delimiter = args.delimiter or [models.step_token_id]
-    if args.prompts:
-        prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    else:  # the zoo build (--target requires --prompts)
+    folder = zoo.build(args.zoo, args.scale)
+    models = chainarith.load(folder, device=device)
+    prints = {"zoo": f"{args.zoo}-{args.scale}", "models": fingerprint(folder)}
+    return (models.target, models.draft, models.tokenizer, models, args.delimiter or [models.step_token_id],
+            prints)
+
+
+def cmd_reason(args) -> int:
+    from specmm.core.context import check_budget, context_limit, context_problem
+    from specmm.core.sampling import SamplingConfig
+    from specmm.jobs import Job, Journal, pending_batches
+    from specmm.reasoning import RandomRouting, StepSpeculator
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out: {out} is a folder, expected a .jsonl file")
+    if out.is_file() and out.stat().st_size and not (args.resume or args.force):
+        raise ValueError(f"--out: {out} exists; pass --resume to continue it, --force to start over, or choose "
+                         "another file")
+    prompts = read_text_lines("--prompts", args.prompts) if args.prompts else None
+    sampling = SamplingConfig(temperature=args.temperature)
+    device = torch.device(args.device)
+    target, draft, tokenizer, models, delimiter, prints = _load_models(args, device)
+    if prompts is None:  # the zoo build (--target requires --prompts)
         prompts = [p.prompt for p in models.heldout_problems(args.problems)]
-    done = set()
-    if out.exists():
-        done = {json.loads(line)["index"] for line in out.read_text().splitlines() if line.strip()}
-    spec = StepSpeculator(target, draft, tokenizer, _policy(args, models, tokenizer), delimiter=delimiter,
-                          max_step_tokens=args.max_step_tokens)
-    todo = [i for i in range(len(prompts)) if i not in done]
-    kept = checked = 0
-    with out.open("a") as f:
-        for start in range(0, len(todo), args.batch_size):
-            rows = todo[start: start + args.batch_size]
+    policy = _policy(args, models, tokenizer)
+    spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=delimiter, max_step_tokens=args.max_step_tokens)
+    template = getattr(policy, "template", None)
+    extra = len(template.suffix_ids) + 1 if template is not None else 1  # a judge prompt after the last step
+    limits = [x for x in (context_limit(target), context_limit(draft)) if x is not None]
+    limit = min(limits) if limits else None
+    check_budget(args.max_new_tokens, limit, "--max-new-tokens", extra)
+    settings = {"policy": spec.policy.name, "judge": args.judge, "delimiter": repr(delimiter),
+                "max_step_tokens": args.max_step_tokens, "max_new_tokens": args.max_new_tokens,
+                "temperature": args.temperature, "seed": args.seed, **prints}
+    random_policy = isinstance(policy, RandomRouting)
+    if random_policy:  # its random stream is drawn per batch: the batches are part of the job
+        settings["batch_size"] = args.batch_size
+
+    keys = item_keys(prompts)
+    kept = checked = new = 0
+    with Job(out, "reason", settings, resume=args.resume, force=args.force, argument="--out"), \
+            Journal(out, key_field="key", argument="--out", what="rollout") as journal:
+        done = journal.load()
+        skipped = sum(k in done for k in keys)
+        fits, errors = [], []
+        for i, prompt in enumerate(prompts):  # prompts that cannot fit become error lines; the rest run as usual
+            if keys[i] in done:
+                fits.append(i)
+                continue
+            problem = context_problem(len(tokenizer.encode(prompt)), args.max_new_tokens, limit, extra,
+                                      "judge prompt" if template is not None else "closing token")
+            if problem:
+                errors.append({"key": keys[i], "index": i, "prompt": prompt, "error": f"prompt: {problem}"})
+            else:
+                fits.append(i)
+        journal.append(errors)
+        done.update((r["key"], r) for r in errors)
+        batches = pending_batches(fits, args.batch_size, lambda i: keys[i] in done)
+        for rows in tqdm(batches, desc=f"reason {spec.policy.name}", unit="batch"):
+            if random_policy:
+                spec.policy.generator.manual_seed(item_seed(args.seed, keys[rows[0]]))
             batch = spec.generate([prompts[i] for i in rows], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                  seed=[args.seed + i for i in rows])
+                                  seed=[item_seed(args.seed, keys[i]) for i in rows])
+            records = []
             for j, i in enumerate(rows):
+                if keys[i] in done:  # done before a resume; re-run only so its batch-mates match a fresh run
+                    continue
                 decisions = batch.decisions[j]
                 kept += sum(d for d in decisions if d is not None)
                 checked += sum(d is not None for d in decisions)
-                f.write(json.dumps({"index": i, "prompt": prompts[i], "completion": tokenizer.decode(
-                    batch.completions[j]), "completion_ids": batch.completions[j],
-                    "behaviour_logprobs": batch.behaviour_logprobs[j, : len(batch.completions[j])].tolist(),
-                    "source": batch.source[j, : len(batch.completions[j])].tolist(), "step_spans": batch.step_spans[j],
-                    "scores": batch.scores[j], "decisions": decisions, "exact": batch.exact}) + "\n")
-            f.flush()
+                n = len(batch.completions[j])
+                records.append({"key": keys[i], "index": i, "prompt": prompts[i],
+                                "completion": tokenizer.decode(batch.completions[j]),
+                                "completion_ids": batch.completions[j],
+                                "behaviour_logprobs": batch.behaviour_logprobs[j, :n].tolist(),
+                                "source": batch.source[j, :n].tolist(), "step_spans": batch.step_spans[j],
+                                "scores": batch.scores[j], "decisions": decisions, "exact": batch.exact})
+            journal.append(records)
+            done.update((r["key"], r) for r in records)
+            new += len(records)
+        journal.finish(keys, done)  # lines in input order, as an uninterrupted run leaves them
     rate = f"{kept / checked:.2f}" if checked else "-"
-    print(f"{len(todo)} prompts ({len(done)} skipped), {spec.policy.name}: draft steps kept {rate} -> {out}")
+    print(f"{new} prompts ({skipped} skipped, {len(errors)} errors), {spec.policy.name}: draft steps kept {rate} "
+          f"-> {out}")
     return 0
 
 

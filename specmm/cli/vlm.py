@@ -5,42 +5,81 @@ from __future__ import annotations
 import torch
 
 import specmm
-from specmm.cli.common import DRAFT_DEFAULTS, default_device, dtype_arg, mkdir, positive_int
+from specmm.cli.common import (
+    DRAFT_DEFAULTS,
+    default_device,
+    device_arg,
+    dtype_arg,
+    float_range,
+    input_file,
+    loading,
+    mkdir,
+    model_folder,
+    nonnegative_int,
+    positive_int,
+    temperature_arg,
+)
+
+
+TRAIN_OWNED = ("config.json", "model.safetensors", "captions.json", "text/*", "multimodal/*")  # what --force deletes
 
 
 def cmd_train_drafter(args) -> int:
+    """Train a VisionDrafter into --out. The folder is a job: its manifest (job.json) names what changes the
+    drafter, a rerun of the same job resumes from the stage checkpoints (as before), a different job in the same
+    folder is refused (--force starts over), and a second concurrent run is refused."""
     from specmm import zoo
+    from specmm.jobs import Job, fingerprint
     from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
     from specmm.vlm.train import jsonl_batches
     from specmm.zoo import captioner, captioner_drafters
 
-    device = torch.device(args.device)
-    if args.target:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        target = AutoModelForImageTextToText.from_pretrained(args.target, dtype=args.dtype,
-                                                             attn_implementation="sdpa").to(device).eval()
-        processor = AutoProcessor.from_pretrained(args.target)
-    else:
-        models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
-        target, processor = models.target, models.processor
+    model_folder("--target", args.target)
+    model_folder("--init", args.init, needs="")
     if args.data:
-        batches = jsonl_batches(args.data, processor, args.prompt, args.batch_size)
+        input_file("--data", args.data)
     elif args.target:
         raise ValueError("--data: a captions .jsonl (e.g. from `specmm caption`) is needed with --target")
-    else:
-        pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
-        batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
-    drafter = (VisionDrafter.from_pretrained(args.init, target) if args.init
-               else VisionDrafter.for_target(target, method=args.method))
-    for stage, steps in (("text", args.text_steps), ("multimodal", args.multimodal_steps)):
-        if steps:
-            config = DrafterTrainConfig(steps=steps, lr=args.lr)
-            losses = train_drafter(target, processor, drafter, batches, config, stage=stage,
-                                   checkpoint_dir=f"{args.out}/{stage}")
-            if losses:
-                print(f"{stage}: final loss {sum(losses[-10:]) / len(losses[-10:]):.4f}")
-    drafter.save_pretrained(args.out)
+    device = torch.device(args.device)
+    settings = {"method": args.method, "text_steps": args.text_steps, "multimodal_steps": args.multimodal_steps,
+                "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+                "dtype": str(args.dtype).removeprefix("torch."),
+                "target": fingerprint(args.target) if args.target else f"zoo captioner-{args.scale}",
+                "data": {"file": fingerprint(args.data), "prompt": args.prompt} if args.data else
+                {"zoo scenes": args.scenes},
+                "init": fingerprint(args.init) if args.init else None}
+    with Job(args.out, "train-drafter", settings, resume=True, force=args.force, folder=True, owned=TRAIN_OWNED):
+        if args.target:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            with loading("--target", args.target):
+                target = AutoModelForImageTextToText.from_pretrained(args.target, dtype=args.dtype,
+                                                                     attn_implementation="sdpa").to(device).eval()
+                processor = AutoProcessor.from_pretrained(args.target)
+        else:
+            models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
+            target, processor = models.target, models.processor
+        if args.data:
+            batches = jsonl_batches(args.data, processor, args.prompt, args.batch_size)
+        else:
+            pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
+            batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
+        # seeded here, after the (cached) captions: the head's initialisation and the training noise are the same
+        # in a rerun whatever ran before
+        torch.manual_seed(args.seed)
+        if args.init:
+            with loading("--init", args.init, "drafter"):
+                drafter = VisionDrafter.from_pretrained(args.init, target)
+        else:
+            drafter = VisionDrafter.for_target(target, method=args.method)
+        for stage, steps in (("text", args.text_steps), ("multimodal", args.multimodal_steps)):
+            if steps:
+                config = DrafterTrainConfig(steps=steps, lr=args.lr, checkpoint_every=args.checkpoint_every)
+                losses = train_drafter(target, processor, drafter, batches, config, stage=stage,
+                                       checkpoint_dir=f"{args.out}/{stage}")
+                if losses:
+                    print(f"{stage}: final loss {sum(losses[-10:]) / len(losses[-10:]):.4f}")
+        drafter.save_pretrained(args.out)
     print(f"saved the {drafter.method} drafter to {args.out}")
     return 0
 
@@ -48,21 +87,29 @@ def cmd_train_drafter(args) -> int:
 def cmd_caption(args) -> int:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
+    from specmm.core.context import check_budget, context_limit
     from specmm.drafters import ModelDrafter, PromptLookupDrafter
+    from specmm.jobs import fingerprint
     from specmm.vlm import SpeculativeVLM, caption_images, find_images
     from specmm.vlm.caption import DEFAULT_PROMPT, check_output
 
     paths = find_images(args.images)  # cheap errors before any model is loaded
-    check_output(args.out, args.resume)
+    check_output(args.out, args.resume, args.force, "--out")
+    model_folder("--target", args.target)
+    model_folder("--draft-lm", args.draft_lm)
+    if args.drafter and args.drafter != "prompt-lookup":
+        model_folder("--drafter", args.drafter, needs="")
     sampling = specmm.SamplingConfig(temperature=args.temperature)
     device = torch.device(args.device)
     load = dict(dtype=args.dtype, attn_implementation="sdpa")
-    target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()
-    processor = AutoProcessor.from_pretrained(args.target)
+    with loading("--target", args.target):
+        target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()
+        processor = AutoProcessor.from_pretrained(args.target)
     draft = DRAFT_DEFAULTS.get(device.type, DRAFT_DEFAULTS["cuda"])
     tree = specmm.TreeSpec.dynamic(depth=draft["depth"], top_k=draft["top_k"], total_tokens=draft["total_tokens"])
     if args.draft_lm:
-        drafter = ModelDrafter(AutoModelForCausalLM.from_pretrained(args.draft_lm, **load).to(device).eval())
+        with loading("--draft-lm", args.draft_lm):
+            drafter = ModelDrafter(AutoModelForCausalLM.from_pretrained(args.draft_lm, **load).to(device).eval())
     elif args.drafter == "prompt-lookup":
         drafter, tree = PromptLookupDrafter(ngram=3, k=8), specmm.TreeSpec.chain(8)
     else:
@@ -71,12 +118,18 @@ def cmd_caption(args) -> int:
         except ImportError:
             raise ValueError(f"--drafter {args.drafter}: a drafter folder needs specmm.vlm.VisionDrafter, which "
                              "this install lacks; use --drafter prompt-lookup or --draft-lm DIR") from None
-        drafter = VisionDrafter.from_pretrained(args.drafter, target)
+        with loading("--drafter", args.drafter, "drafter"):
+            drafter = VisionDrafter.from_pretrained(args.drafter, target)
     svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    check_budget(args.max_new_tokens, context_limit(target), "--max-new-tokens", tree.depth + 1)
+    models = {"target": fingerprint(args.target), "dtype": str(args.dtype).removeprefix("torch."),
+              "drafter": fingerprint(args.draft_lm) if args.draft_lm else (
+                  args.drafter if args.drafter == "prompt-lookup" else fingerprint(args.drafter))}
     summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                             resume=args.resume, sampling=sampling, prompt=args.prompt or DEFAULT_PROMPT)
+                             resume=args.resume, force=args.force, sampling=sampling,
+                             prompt=args.prompt or DEFAULT_PROMPT, settings=models, argument="--out")
     done = summary.caption
-    print(f"captioned {done.captioned}, skipped {done.skipped}, unreadable {done.errors}; "
+    print(f"captioned {done.captioned}, skipped {done.skipped}, errors {done.errors}; "
           f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
           f"-> {args.out}")
     return 0
@@ -94,11 +147,14 @@ def add_parsers(sub) -> None:
     train.add_argument("--out", required=True, help="output folder (checkpoints under OUT/text, OUT/multimodal)")
     train.add_argument("--scale", default="cpu")
     train.add_argument("--scenes", type=positive_int, default=512, help="zoo scenes to regenerate (no --data)")
-    train.add_argument("--text-steps", type=int, default=120)
-    train.add_argument("--multimodal-steps", type=int, default=330)
+    train.add_argument("--text-steps", type=nonnegative_int, default=120)
+    train.add_argument("--multimodal-steps", type=nonnegative_int, default=330)
     train.add_argument("--batch-size", type=positive_int, default=8)
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--device", default=default_device())
+    train.add_argument("--lr", type=float_range(0.0, low_open=True), default=1e-3)
+    train.add_argument("--checkpoint-every", type=positive_int, default=50, help="steps between stage checkpoints")
+    train.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the head's initialisation and noise")
+    train.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    train.add_argument("--device", type=device_arg, default=default_device())
     train.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     train.set_defaults(func=cmd_train_drafter)
 
@@ -111,11 +167,13 @@ def add_parsers(sub) -> None:
     caption.add_argument("--out", required=True, help="output .jsonl file (one line per image)")
     caption.add_argument("--batch-size", type=positive_int, default=8)
     caption.add_argument("--max-new-tokens", type=positive_int, default=128)
-    caption.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    caption.add_argument("--temperature", type=temperature_arg, default=0.0, help="0 (default) is greedy")
     caption.add_argument("--prompt", help="instruction (default: specmm.vlm.caption.DEFAULT_PROMPT); the "
                          "processor's image token is prepended when absent")
-    caption.add_argument("--resume", action="store_true", help="skip images already in --out")
-    caption.add_argument("--device", default=default_device())
+    job = caption.add_mutually_exclusive_group()
+    job.add_argument("--resume", action="store_true", help="continue the same job in --out: skip images already in it")
+    job.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    caption.add_argument("--device", type=device_arg, default=default_device())
     caption.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     caption.set_defaults(func=cmd_caption)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
@@ -22,6 +23,7 @@ from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+from specmm.jobs import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:  # the Llama classes are imported where used: `from transformers import LlamaConfig` alone loads
     from transformers import LlamaConfig  # torchvision and torch._dynamo (seconds), which `import specmm` need not pay
@@ -181,9 +183,10 @@ class EagleDrafter:
         path.mkdir(parents=True, exist_ok=True)
         config = self.head.config.to_dict()
         config.pop("_attn_implementation_internal", None)
-        (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        atomic_write_text(path / "config.json", json.dumps(config, indent=2, default=str))
         state = {k: v.detach().contiguous().cpu() for k, v in self.head.upstream_state_dict().items()}
-        save_file(state, path / "model.safetensors", metadata={"format": "pt", "layout": self.layout})
+        atomic_write_bytes(path / "model.safetensors",
+                           save_safetensors(state, metadata={"format": "pt", "layout": self.layout}))
 
     def check_spec(self, spec: TreeSpec) -> None:
         return None

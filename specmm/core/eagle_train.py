@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from specmm.core.eagle import EagleDrafter
 from specmm.core.target import final_norm
+from specmm.jobs import atomic_writer
 
 logger = logging.getLogger(__name__)
 
@@ -132,21 +133,34 @@ def train_head(drafter, step_loss: Callable[[int], tuple[Tensor, dict[str, float
 
 
 def save_checkpoint(drafter, optimizer, schedule, step: int, checkpoint_dir) -> None:
+    """Save the head (for users) and one `trainer_state.pt` holding everything a resume needs: the head's weights,
+    the optimiser, the schedule and the random state. That file is written atomically and alone decides where a
+    resume starts, so a kill at any moment resumes exactly as the uninterrupted run continues."""
     path = Path(checkpoint_dir)
     drafter.save_pretrained(path)
-    state = {"step": step, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
-    torch.save(state, path / "trainer_state.pt.tmp")
-    (path / "trainer_state.pt.tmp").replace(path / "trainer_state.pt")  # atomic: a kill never leaves half a file
+    state = {"step": step, "head": drafter.head.state_dict(), "optimizer": optimizer.state_dict(),
+             "schedule": schedule.state_dict(), "rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    with atomic_writer(path / "trainer_state.pt") as f:
+        torch.save(state, f)
 
 
 def resume_checkpoint(drafter, optimizer, schedule, checkpoint_dir) -> int:
     if checkpoint_dir is None or not (Path(checkpoint_dir) / "trainer_state.pt").is_file():
         return 0
     path = Path(checkpoint_dir)
-    drafter.head.load_upstream_state_dict(load_file(path / "model.safetensors", device=str(drafter.device)))
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    if "head" in state:
+        drafter.head.load_state_dict(state["head"])
+    else:  # a checkpoint from before the head moved into trainer_state.pt
+        drafter.head.load_upstream_state_dict(load_file(path / "model.safetensors", device=str(drafter.device)))
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
+    if "rng" in state:
+        torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     logger.info("resumed drafter training from %s at step %d", path, state["step"])
     return int(state["step"])
 

@@ -26,6 +26,7 @@ from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.compiled import CompileClock, StaticPlan
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
+from specmm.core.finite import stopped
 from specmm.core.limits import check_generation_positions, check_tree_vocab
 from specmm.core.profiling import RoundTimer
 from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
@@ -344,8 +345,8 @@ class SpeculativeGenerator:
             roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
                                                            result.next_token, generators, max_new_tokens,
                                                            criteria, pad, streamer, batch, alive)
-            if alive is not None and not bool(alive.any()):  # compiled mode's one host sync per round
-                break
+            if alive is not None and stopped((~alive).all()[None], result.target_logits, self.target, rounds):
+                break  # compiled mode's one host sync per round: every row done (or NaN/inf logits raised)
             if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
                 per_draft = result.diagnostics["moved_mass"]  # [b, D]
                 kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
@@ -378,9 +379,9 @@ class SpeculativeGenerator:
         counts[active] += take
         rounds[active] += (take > 0).long()
         _stream_round(streamer, batch, active, new, take)
-        if alive is not None:
+        if alive is not None:  # compiled mode: rows stay; the loop's one sync also checks the logits
             alive &= ~done
-        elif bool(done.any()):
+        elif stopped(done, result.target_logits, self.target, rounds[active]):  # + NaN/inf check, same sync
             keep = (~done).nonzero().flatten()
             self.select_rows(keep)
             roots = roots[keep]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specmm.core.finite import check_finite
 from specmm.core.stats import DiffusionExtras, GenerationStats
 from specmm.diffusion_lm.model import PrefixCache, _positions
 from specmm.diffusion_lm.selection import blocks
@@ -51,6 +52,11 @@ class Runner:
             histogram.extend([0] * (c - len(histogram)))
             histogram[c - 1] += 1
 
+    def _finite(self, logits: Tensor) -> Tensor:
+        """logits [n, G, V], or NonFiniteError naming the model and the forward (the loop syncs per forward anyway)."""
+        check_finite(logits.amax(-1), self.model, f"diffusion forward {self.stats.target_forwards}")
+        return logits
+
     def _mask(self, rows: Tensor) -> Tensor | None:
         return None if self.attention_mask is None else self.attention_mask[rows]
 
@@ -64,9 +70,10 @@ class Runner:
         self._count(rows, True)
         p = self.prompt_len
         if not getattr(self.model, "supports_cache", False):
-            return self.model.logits(x, self._mask(rows))[:, p:]
+            return self._finite(self.model.logits(x, self._mask(rows))[:, p:])
         logits, cache = self.model(x, self._mask(rows), self.positions[rows], logits_from=p,
                                    return_cache=self.cache_mode == "prefix")
+        self._finite(logits)
         if cache is not None:
             cache.lengths = self.block_start(x)
             self.cache = cache if self.cache is None else self.cache.replace(rows, cache)
@@ -79,6 +86,7 @@ class Runner:
         start = int(cache.lengths.min())
         logits, _ = self.model(x[:, start:], self._mask(rows), self.positions[rows, start:], cache=cache,
                                start=start, logits_from=start)
+        self._finite(logits)
         skipped = logits.new_zeros(logits.shape[0], start - self.prompt_len, logits.shape[-1])  # finished blocks
         return torch.cat((skipped, logits), dim=1)  # [n, G, V]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specmm.core.finite import FiniteWatch
 from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample
 from specmm.core.tree import DraftTree
 from specmm.image_ar.target import GuidedTarget
@@ -28,11 +29,15 @@ def root_tree(tokens: Tensor) -> DraftTree:
 def generate_ar(target: GuidedTarget, first_logits: Tensor, num_tokens: int, sampling: SamplingConfig,
                 generators: Generators = None) -> Tensor:
     """Tokens [B, num_tokens], one target forward each after `begin` (which gave `first_logits` [B, V])."""
+    watch = FiniteWatch(target, "image token")  # NaN/inf logits raise at the end (no per-token host sync)
+    watch.update(first_logits, 0)
     token = draw(first_logits, sampling, generators)
     tokens = [token]
-    for _ in range(num_tokens - 1):
+    for i in range(1, num_tokens):
         logits = target.verify(root_tree(token)).logits[:, 0]
+        watch.update(logits, i)
         target.commit(torch.zeros_like(token)[:, None], torch.ones_like(token))
         token = draw(logits, sampling, generators)
         tokens.append(token)
+    watch.check()
     return torch.stack(tokens, 1)

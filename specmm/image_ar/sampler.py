@@ -72,8 +72,8 @@ class ImageSampler:
         self.cfg_interval = cfg_interval
 
     def _check(self, conditions, cfg_scale: float) -> Tensor:
-        if not isinstance(cfg_scale, (int, float)) or isinstance(cfg_scale, bool) or math.isnan(cfg_scale):
-            raise ValueError(f"cfg_scale: expected a number >= 1, got {cfg_scale!r}")
+        if not isinstance(cfg_scale, (int, float)) or isinstance(cfg_scale, bool) or not math.isfinite(cfg_scale):
+            raise ValueError(f"cfg_scale: expected a finite number >= 1, got {cfg_scale!r}")
         if cfg_scale < 1.0:
             raise ValueError(f"cfg_scale: guidance scale must be >= 1 (1 disables guidance), got {cfg_scale}")
         c = self.lg.config

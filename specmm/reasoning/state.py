@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specmm.core.drafters import ModelDrafter
+from specmm.core.finite import NonFiniteError, nonfinite_message, nonfinite_rows
 from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample, select_generators
 from specmm.core.target import HFCausalLMTarget, PrefillOutput, TargetOutput
 from specmm.reasoning.steps import StepDelimiter, StepEnd
@@ -182,7 +183,12 @@ class ModelState:
         end = StepEnd(delimiter, eos_ids, budget)
         live = rows.clone()
         for i in range(width):
-            going = live.nonzero().flatten()  # [b]
+            # one host sync per token: the live rows, and whether a live row's logits are NaN/inf
+            live_flags, bad_flags = torch.stack([live, nonfinite_rows(logits) & live]).tolist()
+            if any(bad_flags):
+                raise NonFiniteError(nonfinite_message(self.owner.model, f"token {i} of a reasoning step",
+                                                       [b for b, flag in enumerate(bad_flags) if flag]))
+            going = torch.tensor([b for b, flag in enumerate(live_flags) if flag], dtype=torch.long, device=device)
             if not going.numel():
                 break
             probs = process_logits(logits[going], sampling)  # [b, V]

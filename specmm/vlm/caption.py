@@ -1,28 +1,35 @@
 """Batch captioning to a JSON-lines file: one line per image as soon as its batch finishes, resumable.
 
 Each line is `{"image": path, "caption": text, "new_tokens": n, "mean_accepted": x}`, or
-`{"image": path, "error": "..."}` for an image that cannot be read (the job goes on). With `resume=True`
-images that already have a complete line (captions and errors alike) are skipped; a torn last line left by
-a killed job is cut off and its image redone. The call returns the batches' `GenerationStats` summed with
-`add()`, its `caption` extras counting the images, and `wall_time_s` the whole call (reading and writing
-included).
+`{"image": path, "error": "..."}` for an image that cannot be read or whose prompt does not fit in the model's
+context (the job goes on, its batch-mates unaffected). `image` is the resolved absolute path: the item's key, so
+`imgs/a.png`, `./imgs/a.png` and `/abs/imgs/a.png` are one image.
+
+The output is a job (`specmm.jobs`): a lock refuses a second concurrent run on it, and a manifest next to it
+(`<out>.job.json`) records what changes the captions (prompt, budget, sampling and the caller's `settings`, e.g.
+model fingerprints). `resume=True` continues only the same job and skips images that already have a complete
+line (captions and errors alike); a torn last line left by a killed job is cut off and its image redone; a
+finished resumed job is rewritten in input order. `force=True` starts over. The call returns the batches'
+`GenerationStats` summed with `add()`, its `caption` extras counting the images, and `wall_time_s` the whole
+call (reading and writing included).
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import logging
-import os
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from PIL import Image
 from tqdm.auto import tqdm
 
+from specmm.core.context import context_limit, context_problem
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import CaptionExtras, GenerationStats
+from specmm.jobs import Job, Journal, file_key, pending_batches
 from specmm.vlm.pipeline import SpeculativeVLM
 
 logger = logging.getLogger(__name__)
@@ -43,37 +50,15 @@ def find_images(spec: str | Path) -> list[Path]:
     return sorted(found)
 
 
-def check_output(out_path: str | Path, resume: bool) -> None:
-    """Refuse to overwrite a non-empty output file unless resuming it."""
+def check_output(out_path: str | Path, resume: bool, force: bool = False, argument: str = "out_path") -> None:
+    """Refuse (before any model is loaded) a folder, or a non-empty output file without resume or force."""
     out_path = Path(out_path)
     if out_path.is_dir():
-        raise ValueError(f"out_path: {out_path} is a folder, expected a .jsonl file")
-    if not resume and out_path.is_file() and out_path.stat().st_size > 0:
-        raise ValueError(f"out_path: {out_path} exists and is not empty; resume it (resume=True, --resume) or "
-                         "choose another file")
-
-
-def completed_images(out_path: Path) -> set[str]:
-    """Images with a complete line in `out_path`; a torn last line (no newline: a killed job) is cut off."""
-    if not out_path.is_file():
-        return set()
-    data = out_path.read_bytes()
-    end = data.rfind(b"\n") + 1  # complete lines end with a newline
-    done = set()
-    for number, line in enumerate(data[:end].splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            done.add(json.loads(line)["image"])
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(f"out_path: line {number} of {out_path} is not a caption record; fix or remove it "
-                             "before resuming") from None
-    if end < len(data):
-        logger.warning("%s: dropping a torn last line (%d bytes); its image is captioned again", out_path,
-                       len(data) - end)
-        with open(out_path, "r+b") as f:
-            f.truncate(end)
-    return done
+        raise ValueError(f"{argument}: {out_path} is a folder, expected a .jsonl file")
+    if not (resume or force) and out_path.is_file() and out_path.stat().st_size > 0:
+        flags = ("--resume", "--force") if argument.startswith("--") else ("resume=True", "force=True")
+        raise ValueError(f"{argument}: {out_path} exists and is not empty; resume it ({flags[0]}), start over "
+                         f"({flags[1]}) or choose another file")
 
 
 def _load(path: Path) -> Image.Image | str:
@@ -85,13 +70,27 @@ def _load(path: Path) -> Image.Image | str:
         return f"{type(err).__name__}: {err}"
 
 
+def job_settings(svlm: SpeculativeVLM, prompt: str, max_new_tokens: int, sampling: SamplingConfig,
+                 settings: dict | None) -> dict:
+    """What changes the captions. Models are named by the caller's `settings` (the CLI gives content
+    fingerprints of the model folders); without them, by class, `name_or_path` and parameter count."""
+    model = svlm.model
+    described = {"target": f"{type(model).__name__} {model.config.name_or_path or '-'} "
+                           f"{sum(p.numel() for p in model.parameters())} params",
+                 "drafter": type(svlm.generator.drafter).__name__}
+    return {"prompt": prompt, "max_new_tokens": max_new_tokens, "sampling": asdict(sampling),
+            "tree": repr(svlm.generator.tree), **described, **(settings or {})}
+
+
 def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_path: str | Path,
                    batch_size: int = 8, max_new_tokens: int = 128, resume: bool = False,
                    sampling: SamplingConfig = GREEDY, prompt: str = DEFAULT_PROMPT,
-                   progress: bool = True) -> GenerationStats:
-    """Caption `image_paths` with `svlm` into the JSON-lines file `out_path` (see the module docstring)."""
-    paths = [str(p) for p in image_paths]
-    if not paths:
+                   progress: bool = True, force: bool = False, settings: dict | None = None,
+                   argument: str = "out_path") -> GenerationStats:
+    """Caption `image_paths` with `svlm` into the JSON-lines file `out_path` (see the module docstring);
+    `argument` is how messages name the output (the CLI passes `--out`)."""
+    keys = list(dict.fromkeys(file_key(p) for p in image_paths))  # each image once, in order
+    if not keys:
         raise ValueError("image_paths: no images given")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
@@ -102,38 +101,52 @@ def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")
     out_path = Path(out_path)
-    check_output(out_path, resume)
-    done = completed_images(out_path) if resume else set()
-    todo = list(dict.fromkeys(p for p in paths if p not in done))  # each image once, in order
-    summary = GenerationStats(caption=CaptionExtras(skipped=len(set(paths) & done)))
-    logger.info("captioning %d images (%d already in %s)", len(todo), summary.caption.skipped, out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    check_output(out_path, resume, force, argument)
     started = time.perf_counter()
-    with open(out_path, "a", encoding="utf-8") as out, \
-            tqdm(total=len(todo), unit="img", desc="captioning", disable=not progress) as bar:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start: start + batch_size]
-            records, stats = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling)
-            summary.add(stats)
-            out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-            out.flush()
-            os.fsync(out.fileno())
-            bar.update(len(batch))
-            bar.set_postfix(mean_accepted=f"{summary.mean_accepted:.2f}")
+    job = Job(out_path, "caption", job_settings(svlm, prompt, max_new_tokens, sampling, settings), resume=resume,
+              force=force, argument=argument)
+    with job, Journal(out_path, key_field="image", argument=argument, what="caption") as journal:
+        done = journal.load()
+        todo = [k for k in keys if k not in done]
+        summary = GenerationStats(caption=CaptionExtras(skipped=len(keys) - len(todo)))
+        logger.info("captioning %d images (%d already in %s)", len(todo), summary.caption.skipped, out_path)
+        with tqdm(total=len(todo), unit="img", desc="captioning", disable=not progress) as bar:
+            for batch in pending_batches(keys, batch_size, done.__contains__):
+                records, stats = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling, skip=set(done))
+                summary.add(stats)
+                journal.append(records)
+                done.update((r["image"], r) for r in records)
+                bar.update(len(records))
+                bar.set_postfix(mean_accepted=f"{summary.mean_accepted:.2f}")
+        journal.finish(keys, done)  # a resumed job's lines in input order, as an uninterrupted run leaves them
     summary.wall_time_s = time.perf_counter() - started
     return summary
 
 
+def _too_long(svlm: SpeculativeVLM, image: Image.Image, prompt: str, max_new_tokens: int) -> str | None:
+    """Why this image's prompt cannot fit in the target's context (None when it fits or the limit is unknown)."""
+    limit = context_limit(svlm.model)
+    if limit is None:
+        return None
+    length = svlm.prepare([image], prompt)["input_ids"].shape[1]
+    return context_problem(length, max_new_tokens, limit, svlm.generator.tree.depth + 1)
+
+
 def _caption_batch(svlm: SpeculativeVLM, batch: list[str], prompt: str, max_new_tokens: int,
-                   sampling: SamplingConfig) -> tuple[list[dict], GenerationStats]:
-    """Records for one batch, in input order: captions for readable images, errors for the others; and the
-    batch's stats with its `caption` extras."""
+                   sampling: SamplingConfig, skip: set[str] = frozenset()) -> tuple[list[dict], GenerationStats]:
+    """Records for one batch, in input order: captions for readable images that fit the context, errors for the
+    others, none for the images in `skip` (done before a resume: they are captioned again with their batch so
+    the others get exactly the captions of an uninterrupted run); and the stats of the new records."""
     loaded = {path: _load(Path(path)) for path in batch}
+    for path, image in list(loaded.items()):
+        if isinstance(image, Image.Image):
+            loaded[path] = _too_long(svlm, image, prompt, max_new_tokens) or image
     readable = [p for p in batch if isinstance(loaded[p], Image.Image)]
     records = {p: {"image": p, "error": loaded[p]} for p in batch if p not in readable}
     stats = GenerationStats()
     for path, message in records.items():
-        logger.warning("%s: %s", path, message["error"])
+        if path not in skip:
+            logger.warning("%s: %s", path, message["error"])
     if readable:
         result = svlm.generate([loaded[p] for p in readable], prompt, max_new_tokens=max_new_tokens,
                                sampling=sampling)
@@ -141,5 +154,17 @@ def _caption_batch(svlm: SpeculativeVLM, batch: list[str], prompt: str, max_new_
         for i, path in enumerate(readable):
             records[path] = {"image": path, "caption": result.texts[i], "new_tokens": stats.new_tokens_per_row[i],
                              "mean_accepted": round(stats.mean_accepted_per_row[i], 4)}
-    stats.caption = CaptionExtras(captioned=len(readable), errors=len(batch) - len(readable))
-    return [records[p] for p in batch], stats
+        if skip & set(readable):
+            stats = rows_of(stats, [i for i, p in enumerate(readable) if p not in skip])
+    new = [p for p in batch if p not in skip]
+    stats.caption = CaptionExtras(captioned=len([p for p in new if p in readable]),
+                                  errors=len([p for p in new if p not in readable]))
+    return [records[p] for p in new], stats
+
+
+def rows_of(stats: GenerationStats, rows: list[int]) -> GenerationStats:
+    """The per-row figures of `rows` only (a re-run batch counts just its new images); batch-wide counters
+    (forwards, wall time) stay those of the whole batch."""
+    return replace(stats, new_tokens_per_row=[stats.new_tokens_per_row[i] for i in rows],
+                   target_forwards_per_row=[stats.target_forwards_per_row[i] for i in rows],
+                   new_tokens=sum(stats.new_tokens_per_row[i] for i in rows))

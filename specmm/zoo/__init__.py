@@ -16,9 +16,19 @@ from pathlib import Path
 
 import torch
 
+from specmm.jobs import OutputLock
 from specmm.machine import machine_info
 from specmm.zoo import captioner, captioner_drafters, chainarith, code, cspd, dlm_code, imagegen, ssm_code
-from specmm.zoo.store import WORK, clear_artifacts, entry_dir, home, problems, read_manifest, write_manifest
+from specmm.zoo.store import (
+    WORK,
+    clear_artifacts,
+    entry_dir,
+    home,
+    lock_path,
+    problems,
+    read_manifest,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,64 +84,76 @@ def _recipe(entry: ZooEntry, scale: str) -> dict:
     return entry.recipes[scale]
 
 
-def _problems(entry: ZooEntry, dest: Path, scale: str, check_hashes: bool = True) -> list[str]:
+def _problems(entry: ZooEntry, dest: Path, scale: str, seed: int, check_hashes: bool = True) -> list[str]:
     found = problems(dest, check_hashes)
-    if not found and read_manifest(dest).get("version", 1) != entry.version:
-        found = [f"built by recipe version {read_manifest(dest).get('version', 1)}, current is {entry.version}"]
-    if not found and "recipe" in read_manifest(dest) and \
-            read_manifest(dest)["recipe"] != json.loads(json.dumps(entry.recipes[scale])):
+    manifest = read_manifest(dest) or {}
+    if not found and manifest.get("version", 1) != entry.version:
+        found = [f"built by recipe version {manifest.get('version', 1)}, current is {entry.version}"]
+    if not found and "recipe" in manifest and manifest["recipe"] != json.loads(json.dumps(entry.recipes[scale])):
         found = ["built from a different recipe"]
+    if not found and manifest.get("seed", 0) != seed:
+        found = [f"built with seed {manifest.get('seed', 0)}, not {seed}"]
     return found
 
 
 def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, progress: bool = True) -> Path:
-    """Train `name` at `scale` unless an intact, current build exists; resumes from checkpoints after a kill."""
+    """Train `name` at `scale` with `seed` unless an intact, current build of that seed exists (each seed has its
+    own folder); resumes from checkpoints after a kill. A second concurrent build of the same folder is refused
+    (JobLockedError naming the builder's PID)."""
     entry = get(name)
     recipe = _recipe(entry, scale)
-    dest = entry_dir(name, scale)
-    issues = _problems(entry, dest, scale)
-    if not force and not issues:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    dest = entry_dir(name, scale, seed)
+    if not force and not _problems(entry, dest, scale, seed):
         return dest
-    if force and dest.exists():
-        shutil.rmtree(dest)
-    elif dest.exists():
-        logger.warning("rebuilding %s: %s", dest, "; ".join(issues))
-        clear_artifacts(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    resumed = (dest / WORK).exists()
-    started = time.perf_counter()
-    record = entry.build(dest, recipe, seed, progress)
-    record = {"name": name, "scale": scale, "version": entry.version, "seed": seed, "recipe": recipe, **record,
-              "wall_time_s": round(time.perf_counter() - started, 1), "resumed_from_checkpoint": resumed,
-              "machine": machine_info(torch.device("cpu"))}
-    write_manifest(dest, record)
-    shutil.rmtree(dest / WORK, ignore_errors=True)
+    with OutputLock(lock_path(dest), "zoo build", dest):
+        issues = _problems(entry, dest, scale, seed)  # again under the lock: another builder may have finished
+        if not force and not issues:
+            return dest
+        if force and dest.exists():
+            shutil.rmtree(dest)
+        elif dest.exists():
+            logger.warning("rebuilding %s: %s", dest, "; ".join(issues))
+            clear_artifacts(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        resumed = (dest / WORK).exists()
+        started = time.perf_counter()
+        record = entry.build(dest, recipe, seed, progress)
+        record = {"name": name, "scale": scale, "version": entry.version, "seed": seed, "recipe": recipe, **record,
+                  "wall_time_s": round(time.perf_counter() - started, 1), "resumed_from_checkpoint": resumed,
+                  "machine": machine_info(torch.device("cpu"))}
+        write_manifest(dest, record)
+        shutil.rmtree(dest / WORK, ignore_errors=True)
     return dest
 
 
-def path(name: str, scale: str = "cpu") -> Path:
-    """Folder of a finished, intact build (FileNotFoundError with the build command otherwise)."""
+def path(name: str, scale: str = "cpu", *, seed: int = 0, verify: bool = False) -> Path:
+    """Folder of a finished, intact build (FileNotFoundError with the build command otherwise). Sizes are always
+    checked; `verify` also checks every file's sha256 against zoo.json, as `build` does (`specmm zoo path`)."""
     entry = get(name)
-    dest = entry_dir(entry.name, scale)
-    issues = _problems(entry, dest, scale, check_hashes=False)
+    _recipe(entry, scale)
+    dest = entry_dir(entry.name, scale, seed)
+    issues = _problems(entry, dest, scale, seed, check_hashes=verify)
     if issues:
-        raise FileNotFoundError(f"zoo entry {name!r} ({scale}) is not built at {dest} ({'; '.join(issues)}); "
-                                f"run: specmm zoo build {name} --scale {scale}")
+        seed_flag = f" --seed {seed}" if seed else ""
+        raise FileNotFoundError(f"zoo entry {name!r} ({scale}{f', seed {seed}' if seed else ''}) is not built at "
+                                f"{dest} ({'; '.join(issues)}); run: specmm zoo build {name} --scale {scale}{seed_flag}")
     return dest
 
 
-def is_built(name: str, scale: str = "cpu") -> bool:
-    """Whether `path(name, scale)` would return a finished, intact build."""
+def is_built(name: str, scale: str = "cpu", *, seed: int = 0) -> bool:
+    """Whether `path(name, scale, seed=seed)` would return a finished, intact build."""
     try:
-        path(name, scale)
+        path(name, scale, seed=seed)
         return True
     except FileNotFoundError:
         return False
 
 
-def record(name: str, scale: str = "cpu") -> dict:
+def record(name: str, scale: str = "cpu", *, seed: int = 0) -> dict:
     """The zoo.json of a finished build."""
-    return read_manifest(path(name, scale))
+    return read_manifest(path(name, scale, seed=seed))
 
 
 __all__ = ["REGISTRY", "ZooEntry", "build", "get", "home", "is_built", "path", "record", "register"]

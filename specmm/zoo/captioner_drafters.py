@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from specmm.jobs import atomic_write_text
 from specmm.zoo import captioner
 
 METHODS = ("eagle", "msd", "vispec", "dream", "flash")
@@ -50,9 +51,7 @@ def regenerated_captions(models: captioner.CaptionerModels, count: int, max_new_
     seeds = [TRAIN_SEED_BASE + i for i in range(count)]
     captions = captioner.caption_scenes(models.target, models.processor, seeds, models.image_size, max_new_tokens)
     pairs = [[s, c] for s, c in zip(seeds, captions)]
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(pairs))
-    tmp.replace(cache)
+    atomic_write_text(cache, json.dumps(pairs))
     return pairs
 
 

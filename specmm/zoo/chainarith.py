@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from specmm.core.sampling import GREEDY
+from specmm.jobs import atomic_writer
 from specmm.reasoning import (
     DraftOnly,
     OracleRouting,
@@ -200,7 +201,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         data = torch.load(data_file, weights_only=True)
     else:
         data = collect_router_data(target, draft, tokenizer, recipe, seed)
-        torch.save(data, data_file)
+        with atomic_writer(data_file) as f:  # a cache a killed build may resume from: whole or absent
+            torch.save(data, f)
     router, stats = train_router(data["features"], data["advantages"], draft.config.hidden_size,
                                  steps=recipe["router_steps"], seed=seed)
     router.save_pretrained(dest / "router")

@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from specmm.jobs import atomic_writer
 from specmm.zoo.lm_training import (
     LMTrainConfig,
     heldout_loss,
@@ -172,7 +173,8 @@ def corpus_tokens(tokenizer: PreTrainedTokenizerFast, recipe: dict, work: Path,
         return torch.load(cache, weights_only=True)
     train_texts, heldout_texts = texts or read_corpus(recipe["include_tests"], recipe["max_files"])
     tokens = {"train": encode(tokenizer, train_texts), "heldout": encode(tokenizer, heldout_texts)}
-    torch.save(tokens, cache)
+    with atomic_writer(cache) as f:  # a cache a killed build may resume from: whole or absent
+        torch.save(tokens, f)
     return tokens
 
 

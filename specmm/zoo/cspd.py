@@ -29,6 +29,7 @@ from specmm.image_ar.continuous import (
 from specmm.image_ar.continuous.distill import trajectory_kl_loss
 from specmm.image_ar.continuous.latents import decode, encode
 from specmm.image_ar.continuous.metrics import ImageFeatures, to_unit_range
+from specmm.jobs import atomic_writer
 from specmm.zoo.class_images import CLASSES, class_dataset
 from specmm.zoo.lm_training import LMTrainConfig, train_causal_lm
 
@@ -169,8 +170,8 @@ def target_samples(target: ContinuousAR, count: int, path: Path, seed: int, batc
     gen = torch.Generator().manual_seed(seed + 5)
     latents = torch.cat([sample_ar(target.eval(), chunk, generator=gen).tokens for chunk in labels.split(batch_size)])
     samples = {"latents": latents, "labels": labels}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(samples, path)
+    with atomic_writer(path) as f:  # a cache a killed build may resume from: whole or absent
+        torch.save(samples, f)
     return samples
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from specmm.jobs import atomic_writer
 from specmm.zoo.class_images import CLASSES, class_dataset
 
 logger = logging.getLogger(__name__)
@@ -82,8 +83,9 @@ def _resumable(name: str, work: Path, module: nn.Module, steps: int, lr: float, 
         schedule.step()
         losses.append(float(loss.detach()))
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
-            torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(), "step": step + 1, "losses": losses}, path)
+            with atomic_writer(path) as f:  # a kill never leaves half a checkpoint
+                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                            "schedule": schedule.state_dict(), "step": step + 1, "losses": losses}, f)
     module.eval()
     return losses
 

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from specmm.jobs import atomic_writer
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
@@ -116,8 +118,8 @@ def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tens
         if done % config.checkpoint_every == 0 or done == config.steps:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "step": done, "losses": losses}
-            torch.save(state, workdir / (CHECKPOINT + ".tmp"))
-            (workdir / (CHECKPOINT + ".tmp")).replace(checkpoint)  # atomic: a kill never leaves half a file
+            with atomic_writer(checkpoint) as f:  # a kill never leaves half a checkpoint
+                torch.save(state, f)
         if after_step is not None:
             after_step(done)
     model.eval()

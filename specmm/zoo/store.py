@@ -1,7 +1,9 @@
 """Where zoo artifacts live and how a finished build is recognised.
 
-A build writes into `$SPECMM_HOME/zoo/<name>-<scale>/`, keeps its checkpoints in `work/` while it runs, and
-only at the end writes `zoo.json` with a manifest (size and sha256 of every artifact file). A folder
+A build writes into `$SPECMM_HOME/zoo/<name>-<scale>/` (seed 0) or `<name>-<scale>-seed<N>/` (seed N: each seed
+is its own build), keeps its checkpoints in `work/` while it runs, holds `.<folder>.lock` (one builder at a time,
+released by the kernel if the builder dies), and only at the end writes `zoo.json` atomically with a manifest
+(size and sha256 of every artifact file). A folder
 whose `zoo.json` is missing, unreadable or disagrees with the files on disk is not a finished build: it
 is rebuilt (resuming from `work/` when checkpoints are there), never loaded.
 """
@@ -14,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from specmm.jobs import atomic_write_text
+
 MANIFEST = "zoo.json"
 WORK = "work"
 
@@ -22,8 +26,14 @@ def home() -> Path:
     return Path(os.environ.get("SPECMM_HOME", Path.home() / ".cache" / "specmm")).expanduser()
 
 
-def entry_dir(name: str, scale: str) -> Path:
-    return home() / "zoo" / f"{name}-{scale}"
+def entry_dir(name: str, scale: str, seed: int = 0) -> Path:
+    """The folder of one build: seed 0 keeps the plain `<name>-<scale>` name, other seeds add `-seed<N>`."""
+    return home() / "zoo" / (f"{name}-{scale}" if seed == 0 else f"{name}-{scale}-seed{seed}")
+
+
+def lock_path(folder: Path) -> Path:
+    """The builder's lock: a hidden sibling of the build folder (inside, `force` would delete it while held)."""
+    return folder.with_name(f".{folder.name}.lock")
 
 
 def sha256(path: Path) -> str:
@@ -35,8 +45,10 @@ def sha256(path: Path) -> str:
 
 
 def artifact_files(folder: Path) -> list[Path]:
+    """Every file of a build but its manifest, its work/ checkpoints and temporaries of killed atomic writes."""
     return sorted(p for p in folder.rglob("*")
-                  if p.is_file() and p.name != MANIFEST and WORK not in p.relative_to(folder).parts)
+                  if p.is_file() and p.name != MANIFEST and WORK not in p.relative_to(folder).parts
+                  and not (p.name.startswith(".") and p.name.endswith(".tmp")))
 
 
 def write_manifest(folder: Path, record: dict) -> dict:
@@ -44,9 +56,7 @@ def write_manifest(folder: Path, record: dict) -> dict:
     files = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
              for p in artifact_files(folder)}
     record = {**record, "complete": True, "files": files}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(folder / MANIFEST)
+    atomic_write_text(folder / MANIFEST, json.dumps(record, indent=2))
     return record
 
 

@@ -34,10 +34,12 @@ def test_cspd_writes_every_image_and_resume_samples_only_the_missing_ones(folder
     assert summary["sampled_now"] == 6 and summary["mean_accepted_now"] >= 1.0
 
     kept = {p.name: p.read_bytes() for p in pngs[1:]}
+    first = pngs[0].read_bytes()
     pngs[0].unlink()
-    assert main(args(folder, out, "--draft", str(folder / "draft"), "--resume")) == 0
+    assert main(args(folder, out, "--draft", str(folder / "draft"), "--k", "2", "--resume")) == 0
     assert json.loads((out / "summary.json").read_text())["sampled_now"] == 1
     assert all((out / name).read_bytes() == data for name, data in kept.items()) and pngs[0].is_file()
+    assert pngs[0].read_bytes() == first  # its batch is re-sampled: the very image of the uninterrupted run
 
 
 def test_target_alone(folder, tmp_path):
@@ -47,8 +49,7 @@ def test_target_alone(folder, tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--classes", "0,99"], "--classes"),
-    (["--per-class", "0"], "--per-class"),
-    (["--draft", "/nonexistent"], "config.json"),
+    (["--draft", "/nonexistent"], "--draft: /nonexistent does not exist"),
 ])
 def test_bad_input_fails_before_sampling(folder, tmp_path, capsys, extra, message):
     out = tmp_path / "bad"

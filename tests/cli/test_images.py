@@ -1,8 +1,11 @@
-"""`specmm sample-images` on upstream-layout checkpoints: PNGs, a grid, resume, and clear errors."""
+"""`specmm sample-images` on upstream-layout checkpoints: PNGs, a grid, resume of the same job only, atomic files,
+half-written PNGs redone, and clear errors."""
 
+import json
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from specmm.cli import main
 
@@ -13,16 +16,43 @@ ARGS = ["sample-images", "--gpt-ckpt", str(FIXTURES / "gpt_c2i.pt"), "--vq-ckpt"
         "--image-size", "8", "--top-k", "16", "--cfg-scale", "2.0", "--per-class", "2", "--batch-size", "3"]
 
 
-def test_sample_images_writes_pngs_grid_and_resumes(tmp_path):
+def pngs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("class*.png"))}
+
+
+def test_sample_images_writes_pngs_grid_and_resumes_only_the_same_job(tmp_path, capsys):
     out = tmp_path / "images"
     assert main([*ARGS, "--classes", "1,2", "--method", "sjd", "--out", str(out)]) == 0
-    pngs = sorted(p.name for p in out.glob("class*.png"))
-    assert pngs == ["class0001_000.png", "class0001_001.png", "class0002_000.png", "class0002_001.png"]
-    assert (out / "grid.png").is_file()
+    full = pngs(out)
+    assert list(full) == ["class0001_000.png", "class0001_001.png", "class0002_000.png", "class0002_001.png"]
+    assert (out / "grid.png").is_file() and json.loads((out / "summary.json").read_text())["method"] == "sjd"
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporaries behind
     (out / "class0002_001.png").unlink()
     assert main([*ARGS, "--classes", "1,2", "--method", "gsd", "--out", str(out)]) == 2  # exists, no --resume
-    assert main([*ARGS, "--classes", "1,2", "--method", "gsd", "--out", str(out), "--resume"]) == 0
-    assert (out / "class0002_001.png").is_file()
+    # another method, seed or temperature is another job: refused, naming what differs, nothing mixed in
+    for change, setting in ((["--method", "gsd"], "method"), (["--seed", "5"], "seed"),
+                            (["--temperature", "0.5"], "temperature")):
+        capsys.readouterr()
+        assert main([*ARGS, "--classes", "1,2", "--method", "sjd", *change, "--out", str(out), "--resume"]) == 2
+        assert f"{setting}:" in capsys.readouterr().err and not (out / "class0002_001.png").exists()
+    assert main([*ARGS, "--classes", "1,2", "--method", "sjd", "--out", str(out), "--resume"]) == 0
+    assert pngs(out) == full  # the missing image is exactly the uninterrupted run's
+    assert json.loads((out / "summary.json").read_text())["sampled_now"] == 1
+    assert main([*ARGS, "--classes", "1,2", "--method", "gsd", "--out", str(out), "--force"]) == 0
+    assert json.loads((out / "summary.json").read_text())["method"] == "gsd"
+    assert json.loads((out / "job.json").read_text())["settings"]["method"] == "gsd"
+
+
+def test_a_half_written_png_is_sampled_again_on_resume(tmp_path):
+    out = tmp_path / "images"
+    assert main([*ARGS, "--classes", "1", "--method", "ar", "--out", str(out)]) == 0
+    full = pngs(out)
+    broken = out / "class0001_001.png"
+    broken.write_bytes(full[broken.name][: len(full[broken.name]) // 2])  # what a kill mid-save used to leave
+    with pytest.raises(OSError):
+        Image.open(broken).load()
+    assert main([*ARGS, "--classes", "1", "--method", "ar", "--out", str(out), "--resume"]) == 0
+    assert pngs(out) == full
 
 
 def test_sample_images_errors(tmp_path, capsys):
@@ -30,3 +60,21 @@ def test_sample_images_errors(tmp_path, capsys):
     assert "--classes" in capsys.readouterr().err
     assert main([*ARGS, "--classes", "1", "--method", "lantern", "--out", str(tmp_path / "b")]) == 2
     assert "drafter" in capsys.readouterr().err
+
+
+def test_image_size_error_states_the_valid_size(tmp_path, capsys):
+    args = [a if a != "8" else "17" for a in ARGS]  # --image-size 17
+    assert main([*args, "--classes", "1", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "image_size: the only valid size for these checkpoints is 8 px" in err and "got 17" in err
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--per-class", "0"), ("--batch-size", "0"), ("--cfg-scale", "inf"),
+                                         ("--cfg-scale", "0.5"), ("--temperature", "nan"), ("--top-p", "0"),
+                                         ("--image-size", "-3")])
+def test_bad_counts_and_values_are_usage_errors_naming_the_argument(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*ARGS, "--classes", "1", flag, value, "--out", str(tmp_path / "a")])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: expected" in capsys.readouterr().err

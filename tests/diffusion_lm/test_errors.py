@@ -64,3 +64,15 @@ def test_prefix_cache_needs_a_model_with_one():
 def test_unsupported_model():
     with pytest.raises(ValueError, match="model"):
         generate(torch.nn.Linear(2, 2), IDS, 8, 4, mask_id=1)
+
+
+@pytest.mark.parametrize("method", ["stepwise", "ssd"])
+def test_nan_weights_raise_naming_the_model_and_the_forward(method):
+    from specmm.core.finite import NonFiniteError
+
+    model = tiny_dlm()
+    with torch.no_grad():
+        next(p for name, p in model.named_parameters() if name.endswith("weight")).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"MaskedDiffusionLM: non-finite logits \(NaN or inf\) at diffusion "
+                                             r"forward 1 \(rows \[0\]\)"):
+        generate(model, IDS, 8, 4, method=method)

@@ -29,8 +29,10 @@ def test_vq_codebook_differs_from_gpt_vocabulary():
 
 
 def test_grid_inconsistent_with_block_size():
-    with pytest.raises(ValueError, match="image_size: 64 px"):
+    with pytest.raises(ValueError, match=r"image_size: the only valid size .* is 8 px .*4x4 token grid.*got 64"):
         LlamaGen.from_config(GPT, TINY_VQ, image_size=64)  # 32x32 grid, the GPT has 4x4
+    with pytest.raises(ValueError, match=r"is 8 px .*got 9"):  # 9 // 2 = 4: the old check read it as a 4x4 grid
+        LlamaGen.from_config(GPT, TINY_VQ, image_size=9)
     with pytest.raises(ValueError, match="block_size 15 is not a square"):
         gpt_config({**GPT, "block_size": 15})
 

@@ -96,3 +96,22 @@ def test_generate_arguments_are_checked():
     for kwargs, name in cases:
         with pytest.raises(ValueError, match=name):
             spec.generate(**kwargs)
+
+
+@pytest.mark.parametrize("broken_role", ["target", "draft"])
+def test_nan_weights_raise_naming_the_model_and_the_token(broken_role):
+    import copy
+
+    import torch
+
+    from specmm.core.finite import NonFiniteError
+
+    tokenizer, target, draft = models()
+    target, draft = copy.deepcopy(target), copy.deepcopy(draft)
+    with torch.no_grad():
+        (target if broken_role == "target" else draft).get_output_embeddings().weight.fill_(float("nan"))
+    policy = SpecReason(7, template=judge(tokenizer))
+    spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=step_ids(tokenizer), max_step_tokens=4)
+    with pytest.raises(NonFiniteError, match=r"LlamaForCausalLM: non-finite logits \(NaN or inf\) at token 0 of a "
+                                             r"reasoning step \(rows \[0, 1\]\)"):
+        spec.generate(["1+2=", "3*4="], max_new_tokens=8)

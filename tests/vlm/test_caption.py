@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -69,21 +70,31 @@ def test_resume_after_a_kill_captions_every_image_once_with_the_same_captions(im
     first, second = full.read_text().splitlines(keepends=True)[:2]
     killed = tmp_path / "killed.jsonl"
     killed.write_text(first + second[: len(second) // 2])  # one complete line, then a torn one
+    shutil.copy(tmp_path / "full.jsonl.job.json", tmp_path / "killed.jsonl.job.json")  # the same job's manifest
     with pytest.raises(ValueError, match="out_path: .* exists and is not empty; resume it"):
         caption_images(_svlm(), paths, killed, prompt=PROMPT, progress=False)
     summary = caption_images(_svlm(), paths, killed, batch_size=2, max_new_tokens=MAX_NEW, resume=True,
                              prompt=PROMPT, progress=False)
     assert (summary.caption.skipped, summary.caption.captioned) == (1, 2)
     assert sorted(_lines(killed), key=lambda r: r["image"]) == _lines(full)
-    again = caption_images(_svlm(), paths, killed, resume=True, prompt=PROMPT, progress=False)
+    again = caption_images(_svlm(), paths, killed, max_new_tokens=MAX_NEW, resume=True, prompt=PROMPT, progress=False)
     assert (again.caption.skipped, again.caption.captioned, again.new_tokens) == (3, 0, 0)
     assert len(_lines(killed)) == 3
 
 
 def test_resume_refuses_a_corrupt_middle_line(image_dir, tmp_path):
     out = tmp_path / "captions.jsonl"
-    out.write_text('{"image": "a.png", "caption": "x"}\nnot json\n{"image": "b.png", "caption": "y"}\n')
+    caption_images(_svlm(), find_images(image_dir), out, max_new_tokens=MAX_NEW, progress=False)
+    good = out.read_text().splitlines(keepends=True)
+    out.write_text(good[0] + "not json\n" + "".join(good[2:]))
     with pytest.raises(ValueError, match="line 2 of .* is not a caption record"):
+        caption_images(_svlm(), find_images(image_dir), out, max_new_tokens=MAX_NEW, resume=True, progress=False)
+
+
+def test_resume_without_a_manifest_is_refused(image_dir, tmp_path):
+    out = tmp_path / "captions.jsonl"
+    out.write_text('{"image": "a.png", "caption": "x"}\n')  # written by an older specmm, or by hand
+    with pytest.raises(ValueError, match="out_path: .* holds results but no readable job manifest .* force=True"):
         caption_images(_svlm(), find_images(image_dir), out, resume=True, progress=False)
 
 

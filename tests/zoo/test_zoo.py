@@ -127,3 +127,51 @@ def test_unknown_entry_or_scale_is_refused(home):
         zoo.build("nope")
     with pytest.raises(ValueError, match="scale"):
         zoo.build("code", "huge")
+
+
+def test_a_seed_is_its_own_build_and_never_returns_another_seeds(home, capsys):
+    from specmm.cli import main
+
+    zero = zoo.build("code", "tiny", progress=False)
+    assert main(["zoo", "build", "code", "--scale", "tiny", "--seed", "5"]) == 0
+    five = store.entry_dir("code", "tiny", 5)
+    assert capsys.readouterr().out.strip().endswith(str(five)) and five != zero
+    assert zoo.record("code", "tiny", seed=5)["seed"] == 5 and zoo.record("code", "tiny")["seed"] == 0
+    weights = "target/model.safetensors"
+    assert weight_hashes(five)[weights] != weight_hashes(zero)[weights]
+    stamp = (five / "zoo.json").stat().st_mtime_ns
+    assert zoo.build("code", "tiny", seed=5, progress=False) == five and (five / "zoo.json").stat().st_mtime_ns == stamp
+    with pytest.raises(FileNotFoundError, match="run: specmm zoo build code --scale tiny --seed 7"):
+        zoo.path("code", "tiny", seed=7)
+
+
+def test_a_build_recorded_with_another_seed_is_not_returned_for_this_one(home):
+    path = zoo.build("code", "tiny", progress=False)
+    record = json.loads((path / "zoo.json").read_text())
+    (path / "zoo.json").write_text(json.dumps({**record, "seed": 3}))  # what `--seed 3 --force` used to leave here
+    with pytest.raises(FileNotFoundError, match="built with seed 3, not 0"):
+        zoo.path("code", "tiny")
+
+
+def test_zoo_path_checks_every_file_like_build_does(home, capsys):
+    from specmm.cli import main
+
+    path = zoo.build("code", "tiny", progress=False)
+    weights = path / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF  # same size, other content
+    weights.write_bytes(bytes(data))
+    assert main(["zoo", "path", "code", "--scale", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "specmm: error: zoo entry 'code' (tiny) is not built" in err and "sha256 mismatch" in err
+    assert "run: specmm zoo build code --scale tiny" in err
+    assert zoo.path("code", "tiny") == path  # loaders keep the quick size check
+
+
+def test_a_second_concurrent_build_is_refused(home):
+    from specmm.jobs import JobLockedError, OutputLock
+
+    dest = store.entry_dir("code", "tiny")
+    with OutputLock(store.lock_path(dest)):
+        with pytest.raises(JobLockedError, match=r"zoo build: .*code-tiny is being written by another specmm job \(PID"):
+            zoo.build("code", "tiny", progress=False)

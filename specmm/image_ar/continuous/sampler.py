@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specmm.core.finite import check_finite_steps
 from specmm.core.stats import ContinuousExtras, GenerationStats
 from specmm.image_ar.continuous.chain import draw_noise, sample_chain
 from specmm.image_ar.continuous.model import ContinuousAR
@@ -106,6 +107,7 @@ def sample_ar(model: ContinuousAR, labels: Tensor, *, temperature: float = 1.0,
     canvas = torch.zeros(labels.shape[0], cfg.num_tokens, cfg.token_dim, dtype=param.dtype, device=param.device)
     stats = _new_stats(labels.shape[0])
     canvas = _ar_steps(model, canvas, labels.to(param.device), orders, 0, cfg.num_tokens, temperature, generator, stats)
+    check_finite_steps(canvas, model, "token values")  # canvas is in generation order
     stats.wall_time_s = time.perf_counter() - started
     return SampleOutput(_to_grid(canvas, orders), stats)
 
@@ -191,6 +193,7 @@ class CSpDSampler:
             histogram += (torch.nn.functional.one_hot(n_accepted, k + 1) * active[:, None]).sum(0)
             canvas = torch.where((steps[None, :] < new_lengths[:, None])[..., None], canvas, 0.0)
             lengths = new_lengths
+        check_finite_steps(canvas, target, "token values")  # canvas is in generation order
         stats.continuous.drafted, stats.continuous.accepted = counts.tolist()
         stats.target_forwards_per_row = [f + r for f, r in zip(stats.target_forwards_per_row, row_forwards.tolist())]
         stats.new_tokens_per_row = [n] * rows  # every row fills the image

@@ -44,11 +44,12 @@ class LlamaGen(nn.Module):
         if q.codebook_size != g.vocab_size:
             raise ValueError(f"vq_config: codebook_size {q.codebook_size} differs from the GPT vocab_size "
                              f"{g.vocab_size}; the tokenizer and the GPT must share the code vocabulary")
-        image_size = image_size or g.grid_size * q.downsample
-        if image_size % q.downsample or image_size // q.downsample != g.grid_size:
-            raise ValueError(f"image_size: {image_size} px / downsample {q.downsample} gives a "
-                             f"{image_size // q.downsample}x{image_size // q.downsample} grid, but the GPT block_size "
-                             f"{g.block_size} needs {g.grid_size}x{g.grid_size}")
+        valid = g.grid_size * q.downsample  # the VQ decoder turns the GPT's token grid into exactly this size
+        image_size = valid if image_size is None else image_size
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size != valid:
+            raise ValueError(f"image_size: the only valid size for these checkpoints is {valid} px (the GPT's "
+                             f"{g.grid_size}x{g.grid_size} token grid, block_size {g.block_size}, times the VQ "
+                             f"downsample {q.downsample}), got {image_size!r}; leave --image-size out to use it")
         self.gpt, self.vq, self.image_size = gpt, vq, image_size
 
     @property

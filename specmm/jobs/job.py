@@ -1,0 +1,131 @@
+"""A job's output: locked while a run writes it, described by a manifest, resumed only by the same job.
+
+The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output; the lock is the
+hidden `.<out>.lock` or `<out>/.job.lock`) records the job kind and every setting that changes results (method,
+seed, sampling, content fingerprints of the models; see `specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
+adding images to a folder and resuming does the new ones only.
+
+Opening a job (`with Job(...) as job:`):
+- takes the output's lock (`specmm.jobs.lock`), refusing a second concurrent run;
+- an output without results (missing, an empty file, a folder without the job's files) starts fresh;
+- with results: `force` deletes them and starts over; `resume` continues only when the stored manifest equals
+  this run's (otherwise a ValueError names each setting that differs); neither is a ValueError;
+- clears temporaries left by killed atomic writes, then writes this run's manifest atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from specmm.jobs.atomic import atomic_write_json, remove_temporaries
+from specmm.jobs.lock import OutputLock
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def _normal(value):
+    """Settings as JSON gives them back (tuples -> lists, ...), so stored and fresh values compare equal."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def differences(stored: dict, current: dict) -> list[str]:
+    """'name: stored -> current' for each setting that differs (missing ones shown as <unset>)."""
+    out = []
+    for name in sorted(set(stored) | set(current)):
+        old, new = stored.get(name, "<unset>"), current.get(name, "<unset>")
+        if old != new:
+            out.append(f"{name}: {json.dumps(old)} -> {json.dumps(new)}")
+    return out
+
+
+class Job:
+    """One run writing `out` (a file, or a folder when `folder=True`) for job `kind` with `settings`.
+
+    `owned`: glob patterns of the files a folder job writes (what `force` deletes and what counts as results).
+    `argument`: the CLI argument naming the output, used in every message.
+    """
+
+    def __init__(self, out: str | Path, kind: str, settings: dict, *, resume: bool = False, force: bool = False,
+                 folder: bool = False, owned: Sequence[str] = (), argument: str = "--out"):
+        self.out, self.kind, self.settings = Path(out), kind, _normal(settings)
+        self.resume, self.force, self.folder, self.owned, self.argument = resume, force, folder, tuple(owned), argument
+        if folder:
+            self.manifest_path, lock_path = self.out / "job.json", self.out / ".job.lock"
+        else:
+            self.manifest_path = self.out.with_name(self.out.name + ".job.json")
+            lock_path = self.out.with_name(f".{self.out.name}.lock")
+        self.lock = OutputLock(lock_path, argument, self.out)
+        self.resumed = False
+
+    # ------------------------------------------------------------------ what is there
+    def _check_kind_of_output(self) -> None:
+        if self.folder and self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"{self.argument}: {self.out} is a file, expected a folder")
+        if not self.folder and self.out.is_dir():
+            raise ValueError(f"{self.argument}: {self.out} is a folder, expected a file")
+
+    def result_files(self) -> list[Path]:
+        if not self.folder:
+            return [self.out] if self.out.is_file() and self.out.stat().st_size > 0 else []
+        return sorted({p for pattern in self.owned for p in self.out.glob(pattern) if p.is_file()})
+
+    def stored_manifest(self) -> dict | None:
+        try:
+            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    # ------------------------------------------------------------------ open / close
+    def __enter__(self) -> Job:
+        self._check_kind_of_output()
+        if self.folder:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            self._open()
+        except BaseException:
+            self.lock.release()
+            raise
+        return self
+
+    def _flag(self, name: str) -> str:
+        """How the user asks for `name` (resume, force): a CLI flag, or a keyword of the library call."""
+        return f"--{name}" if self.argument.startswith("--") else f"{name}=True"
+
+    def _open(self) -> None:
+        results = self.result_files()
+        if results and self.force:
+            logger.warning("%s: --force: deleting %d result file(s) of the previous job", self.out, len(results))
+            for path in results:
+                path.unlink()
+        elif results and not self.resume:
+            raise ValueError(f"{self.argument}: {self.out} already holds results; pass {self._flag('resume')} to "
+                             f"continue that job, {self._flag('force')} to start over, or choose another output")
+        elif results:
+            stored = self.stored_manifest()
+            if stored is None:
+                raise ValueError(f"{self.argument}: {self.out} holds results but no readable job manifest "
+                                 f"({self.manifest_path}; written by an older specmm or by hand), so resuming could "
+                                 f"mix different work; pass {self._flag('force')} to start over or choose another "
+                                 "output")
+            found = differences({"job": stored.get("job"), **stored.get("settings", {})},
+                                {"job": self.kind, **self.settings})
+            if found:
+                raise ValueError(f"{self.argument}: {self.out} holds a different job ({'; '.join(found)}); resume it "
+                                 f"with its own arguments, pass {self._flag('force')} to start over, or choose "
+                                 "another output")
+            self.resumed = True
+        remove_temporaries(self.out if self.folder else self.out.parent,
+                           "" if self.folder else self.out.name)
+        atomic_write_json(self.manifest_path, {"job": self.kind, "format": FORMAT, "settings": self.settings})
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+__all__ = ["Job", "differences"]
