@@ -10,6 +10,7 @@ on the host and reported apart, never inside a timed row.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 import weakref
@@ -30,6 +31,11 @@ class StaticPlan:
     mode: str | None = None  # torch.compile mode: None on CPU, "reduce-overhead" (CUDA graphs) on CUDA
 
 
+BACKEND = os.environ.get("SPECMM_COMPILE_BACKEND", "inductor")
+"""torch.compile backend of compiled mode: inductor (the fast path). "aot_eager" checks graph capture without
+generating kernels, which the test suite uses where codegen time would dominate."""
+
+
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
@@ -42,22 +48,23 @@ _COMPILED: weakref.WeakKeyDictionary[nn.Module, CompiledForward] = weakref.WeakK
 def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForward:
     """The one compiled forward of `model` (made on first use)."""
     found = _COMPILED.get(model)
-    if found is None or found.mode != mode:
-        found = _COMPILED[model] = CompiledForward(model, mode)
+    if found is None or found.mode != mode or found.backend != BACKEND:
+        found = _COMPILED[model] = CompiledForward(model, mode, BACKEND)
     return found
 
 
 class CompiledForward:
     """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile."""
 
-    def __init__(self, model: nn.Module, mode: str | None = None):
-        self.model, self.mode = model, mode
+    def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor"):
+        self.model, self.mode, self.backend = model, mode, backend
         # every HF forward shares one wrapper code object, so its graphs (one per model and shape) share dynamo's
         # per-code recompile limit: raise it, or the target's and drafters' shapes would soon fall back to eager
         limit = max(torch._dynamo.config.recompile_limit, 64)
         torch._dynamo.config.recompile_limit = limit
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
-        self.compiled = torch.compile(model.forward, dynamic=False, mode=mode)
+        self.compiled = torch.compile(model.forward, dynamic=False, mode=mode if backend == "inductor" else None,
+                                      backend=backend)
         self.failed: str | None = None  # why compilation failed, once it has
         self.shapes: set[tuple] = set()
 
