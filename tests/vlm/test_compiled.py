@@ -1,0 +1,27 @@
+"""Compiled mode on VLM targets: LLaVA and Qwen2.5-VL (M-RoPE) with the vispec and eagle drafters give the
+stock `generate` tokens. Graphs are captured with the aot_eager backend (see tests/core/test_compiled.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specmm
+from specmm.core.static_cache import StaticRowCache
+from tests.vlm.test_drafter import SPECS, drafter_for
+from tests.vlm.test_targets import MAX_NEW, PAD, setup
+
+
+@pytest.mark.parametrize("method", ["vispec", "eagle"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
+def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch):
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    model, inputs, eos, reference = setup(family)
+    gen = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=SPECS["dynamic"], compile=True)
+    out = gen.generate(**inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
+    assert torch.equal(out.sequences, reference)
+    roots = gen.begin(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=MAX_NEW,
+                      **{k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")})
+    assert isinstance(gen.target.runner.cache, StaticRowCache) and isinstance(gen.drafter.runner.cache, StaticRowCache)
+    assert roots.shape[0] == inputs["input_ids"].shape[0]
+    gen.end()
