@@ -27,6 +27,7 @@ class StaticPlan:
     """Fast-path settings of one generation: static caches of `max_len` slots, compiled forwards or not."""
 
     max_len: int
+    reserve: int = 0  # slots kept free past every row for one round (tree, pending tokens): rows stop short of it
     compile: bool = True
     mode: str | None = None  # torch.compile mode: None on CPU, "reduce-overhead" (CUDA graphs) on CUDA
 
@@ -51,6 +52,12 @@ def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForwa
     if found is None or found.mode != mode or found.backend != BACKEND:
         found = _COMPILED[model] = CompiledForward(model, mode, BACKEND)
     return found
+
+
+def compile_failure(model: nn.Module) -> str | None:
+    """Why compiled mode could not compile `model` (None when it compiled, or was never asked to)."""
+    found = _COMPILED.get(model)
+    return None if found is None else found.failed
 
 
 class CompiledForward:

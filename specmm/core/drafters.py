@@ -209,6 +209,8 @@ class PromptLookupDrafter:
     Drafts are point masses, so verification stays exact under sampling.
     """
 
+    fast_path_note = "it runs no model: drafts are copied from the context, so there is nothing to compile"
+
     vocab_size = None
     device = None
     needs: frozenset[str] = frozenset()

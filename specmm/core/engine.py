@@ -137,9 +137,10 @@ class SpeculativeGenerator:
 
     def static_plan(self, prompt_length: int, max_new_tokens: int) -> StaticPlan:
         """Cache slots for the prompt, the budget and one tree round, bucketed so similar calls share shapes."""
-        slots = prompt_length + max_new_tokens + self.tree.num_nodes + self.tree.depth + 2
+        reserve = self.tree.num_nodes + self.tree.depth + 2  # one round: pending tokens and the tree
         mode = "reduce-overhead" if torch.device(self.target.device).type == "cuda" else None
-        return StaticPlan(max_len=static_cache_length(slots), compile=True, mode=mode)
+        return StaticPlan(max_len=static_cache_length(prompt_length + max_new_tokens + reserve), reserve=reserve,
+                          compile=True, mode=mode)
 
     def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id,
                       generator, streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
@@ -196,11 +197,10 @@ class SpeculativeGenerator:
         only, a token drawn from the target's prefill logits (the caller counts it as generated).
         """
         target, drafter = self.target, self.drafter
-        if self.compile:
-            plan = self.static_plan(input_ids.shape[1], max_new_tokens)
-            for part in (target, drafter):
-                if hasattr(part, "static_plan"):
-                    part.static_plan = plan
+        plan = self.static_plan(input_ids.shape[1], max_new_tokens) if self.compile else None
+        for part in (target, drafter):  # a part shared with an eager generator goes back to eager there
+            if hasattr(part, "static_plan"):
+                part.static_plan = plan
         target.start(input_ids.shape[0], needs=drafter.needs)
         if input_ids.shape[1] == 0:
             prefill = target.prefill(input_ids, attention_mask, **model_inputs)

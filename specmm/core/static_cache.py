@@ -27,9 +27,10 @@ def static_cache_length(needed: int, bucket: int = 128) -> int:
 class StaticRowCache(RowCache):
     """Per-row lengths and an open round over a `Cache` of `StaticLayer`s with `max_len` slots."""
 
-    def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int):
+    def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int, reserve: int = 0):
         self.cache = Cache(layers=[StaticLayer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
+        self.longest = max_len - reserve  # a row's committed length never passes this: one round always fits
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed tokens per row
         self.round_start = torch.zeros((), dtype=torch.long, device=device)  # P = max(lengths), on the device
         self.slots = torch.arange(max_len, device=device)  # [S]
@@ -96,7 +97,9 @@ class StaticRowCache(RowCache):
                     heads, dim = states.shape[1], states.shape[3]
                     kept = states.gather(2, source[:, None, :, None].expand(batch, heads, m, dim))
                     states.scatter_(2, target[:, None, :, None].expand(batch, heads, m, dim), kept)
-        self.lengths += counts
+        # live rows never reach `longest` (the plan reserves their budget); rows that stopped but stay in a
+        # compiled batch keep committing their root and are held there, their slots being junk nobody reads
+        torch.clamp(self.lengths + counts, max=self.longest, out=self.lengths)
         self._close_round()
 
     def rollback(self) -> None:

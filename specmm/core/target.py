@@ -87,7 +87,7 @@ class ModelRunner:
             self.cache = RowCache(batch, model_device(model))
         else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
             layers = model.config.get_text_config().num_hidden_layers
-            self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len)
+            self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve)
             self.compiled = compiled_forward(model, static.mode) if static.compile else None
         self.capture = capture
         self._captured: Tensor | None = None

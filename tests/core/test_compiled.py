@@ -141,3 +141,21 @@ def test_compiled_mode_uses_static_caches_and_warns_for_parts_without_one(captur
 
     with pytest.warns(RuntimeWarning, match="drafter NoStaticDrafter has no static-cache path"):
         specmm.SpeculativeGenerator(target, NoStaticDrafter(target), tree=specmm.TreeSpec.chain(2), compile=True)
+
+
+def test_rows_that_stop_early_stay_in_a_compiled_batch_without_overflowing_its_cache(capture_only):
+    """A row that stops (at EOS, or at its budget before slower rows) keeps committing its root while the
+    others run on; the static cache holds it at its limit and every row's tokens equal eager mode's."""
+    target = tiny_model("llama")
+    ids, mask = left_padded_batch([2, 9, 5, 7], seed=6)
+    free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4, pad_token_id=0)
+    eos = int(free[0, ids.shape[1]])  # row 0 stops at once (and others when they emit it)
+    cases = [(specmm.drafters.PromptLookupDrafter(ngram=1, k=2), eos), (ModelDrafter(perturbed_copy(target, 0.2)), [])]
+    for drafter, eos in cases:
+        kwargs = dict(attention_mask=mask, max_new_tokens=110, eos_token_id=eos, pad_token_id=0)
+        eager = specmm.SpeculativeGenerator(target, drafter, tree=specmm.TreeSpec.chain(2)).generate(ids, **kwargs)
+        gen = specmm.SpeculativeGenerator(target, drafter, tree=specmm.TreeSpec.chain(2), compile=True)
+        out = gen.generate(ids, **kwargs)
+        assert torch.equal(out.sequences, eager.sequences)
+        rounds = out.stats.target_forwards_per_row
+        assert max(rounds) > 40 and max(rounds) - min(rounds) > 5  # stopped rows sat through many rounds
