@@ -72,13 +72,14 @@ def cmd_caption(args) -> int:
             raise ValueError(f"--drafter {args.drafter}: a drafter folder needs specmm.vlm.VisionDrafter, which "
                              "this install lacks; use --drafter prompt-lookup or --draft-lm DIR") from None
         drafter = VisionDrafter.from_pretrained(args.drafter, target)
-    svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    svlm = SpeculativeVLM(target, processor, drafter, tree=tree, compile=args.compile)
     summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                              resume=args.resume, sampling=sampling, prompt=args.prompt or DEFAULT_PROMPT)
     done = summary.caption
+    compiling = (f" (of which {summary.compile_time_s:.1f} s compiling new shapes)" if args.compile else "")
     print(f"captioned {done.captioned}, skipped {done.skipped}, unreadable {done.errors}; "
-          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
-          f"-> {args.out}")
+          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s"
+          f"{compiling} -> {args.out}")
     return 0
 
 
@@ -115,6 +116,9 @@ def add_parsers(sub) -> None:
     caption.add_argument("--prompt", help="instruction (default: specmm.vlm.caption.DEFAULT_PROMPT); the "
                          "processor's image token is prepended when absent")
     caption.add_argument("--resume", action="store_true", help="skip images already in --out")
+    caption.add_argument("--compile", action="store_true",
+                         help="compiled mode: static caches and compiled forwards (identical captions); each new "
+                         "batch shape compiles once, and the time spent compiling is printed apart")
     caption.add_argument("--device", default=default_device())
     caption.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     caption.set_defaults(func=cmd_caption)
