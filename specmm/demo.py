@@ -11,6 +11,11 @@ section (a kill or a crash never loses what already ran), and a section that fai
 report while the other sections still run; `run_demo` then raises `DemoFailed` (the CLI: `specmm: error: ...`,
 exit 2). Sizes come from what each zoo entry stores (the diffusion LM's continuation length, the models' context),
 never from constants that fit only one scale.
+
+specmm runs in compiled mode (static caches, compiled forwards) in the captioning and code sections, and the
+target alone runs both as HF `generate` eager and with HF's static cache + `torch.compile`: speedups are read
+against the faster of the two ("speedup vs best AR"). Compilation happens in the untimed warm-up and is printed
+apart; inductor's on-disk cache (default /tmp/torchinductor_$USER) makes later runs compile much faster.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 
 from specmm import zoo
 from specmm.bench.core import CoreBenchSetup, bench_core
-from specmm.bench.harness import BenchReport
+from specmm.bench.harness import BenchReport, BenchRow
 from specmm.bench.inputs import from_zoo
 from specmm.core.context import context_limit
 from specmm.core.tree import TreeSpec
@@ -77,14 +82,17 @@ def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
         drafters["eagle"] = VisionDrafter.from_pretrained(zoo.path("captioner-drafters", scale) / "eagle",
                                                           models.target)
     micro = scale == "tiny"  # untrained micro models never stop by themselves: keep their runs short
+    # compiled specmm against both plain-decoding baselines; HF assisted and eager specmm rows are in
+    # `specmm bench vlm` (left out here to keep a cached demo within two minutes)
     setup = VLMBenchSetup(scenes=8, batch_sizes=(8,), temperatures=(0.0,), repeats=1 if micro else 2,
-                          max_new_tokens=12 if micro else 160, tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6))
+                          max_new_tokens=12 if micro else 160, tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6),
+                          trees=("dynamic",), modes=("compiled",), assisted=False, profile=False)
     reports, outputs = bench_vlm(models, drafters, setup, command=f"specmm demo --scale {scale}",
                                  description={"scale": scale, "target": f"zoo captioner-{scale}"})
     report = reports[0]
     runs = outputs[0.0, 8]
     names = list(runs)
-    baseline, vispec = runs[names[0]], runs[next(n for n in names if "vispec" in n)]
+    baseline, vispec = runs[names[0]], runs[next((n for n in names if "vispec" in n), names[-1])]
     tokenizer = models.processor.tokenizer
     cells = []
     for i, image in enumerate(scene_images(models, heldout_seeds(scale)[: setup.scenes])):
@@ -95,7 +103,7 @@ def run_captioning(scale: str, device: str) -> tuple[BenchReport, str]:
                      f"<td>{html.escape(tokenizer.decode(baseline.rows[i], skip_special_tokens=True))}</td>"
                      f"<td>{html.escape(tokenizer.decode(vispec.rows[i], skip_special_tokens=True))}</td>"
                      f"<td>{'identical' if baseline.rows[i] == vispec.rows[i] else 'DIFFERENT'}</td></tr>")
-    body = (f"{table_html(report)}<p>Target alone vs ViSpec.</p>"
+    body = (f"{table_html(report)}<p>{html.escape(headline(report, 'vispec'))}</p><p>Target alone vs ViSpec.</p>"
             f"<table><tr><th>scene</th><th>target alone</th><th>specmm</th><th></th></tr>{''.join(cells)}</table>")
     return report, body
 
@@ -107,7 +115,8 @@ def run_code(scale: str, device: str, batch: int = 4, max_new_tokens: int = 96) 
     # short drafts: on CPU every draft forward costs ~0.2 target forwards (framework overhead), so long
     # chains and wide trees do not pay there; the GPU benchmarks use longer ones
     setup = CoreBenchSetup(max_new_tokens=max_new_tokens, k=2, tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8),
-                           eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=3)
+                           eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=3,
+                           modes=("compiled",), profile=False)
     print(f"specmm demo: {batch} held-out Python snippets, {max_new_tokens} new tokens each, greedy")
     report, outputs = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup,
                                  command=f"specmm demo --scale {scale}", models=data.description, notes=[
@@ -115,13 +124,15 @@ def run_code(scale: str, device: str, batch: int = 4, max_new_tokens: int = 96) 
                                      "Tiny CPU models: per-forward overhead, not FLOPs, sets the cost; GPU reports "
                                      "are in benchmarks/."])
     names = list(outputs)
-    baseline, speculative = outputs[names[0]], outputs[names[min(2, len(names) - 1)]]
+    shown = next((n for n in names if n.startswith("specmm tree")), names[-1])  # (a failed row has no outputs)
+    baseline, speculative = outputs[names[0]], outputs[shown]
     cells = [f"<tr><td><pre>{html.escape(prompt)}</pre></td>"
              f"<td><pre>{html.escape(data.tokenizer.decode(baseline.rows[i]))}</pre></td>"
              f"<td><pre>{html.escape(data.tokenizer.decode(speculative.rows[i]))}</pre></td>"
              f"<td>{'identical' if baseline.rows[i] == speculative.rows[i] else 'DIFFERENT'}</td></tr>"
              for i, prompt in enumerate(data.prompts)]
-    body = (f"{table_html(report)}<p>Target alone vs {html.escape(names[min(2, len(names) - 1)])}.</p>"
+    body = (f"{table_html(report)}<p>{html.escape(headline(report, 'specmm tree'))}</p>"
+            f"<p>Target alone vs {html.escape(shown)}.</p>"
             f"<table><tr><th>prompt</th><th>target alone</th><th>specmm</th><th></th></tr>{''.join(cells)}</table>")
     return report, body
 
@@ -209,6 +220,12 @@ def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: s
                     results.append((section, None, error_block(err)))
                 else:
                     print(f"\n## {section.title}\n{report.table()}")
+                    compiling = compile_seconds(report)
+                    if compiling:
+                        print(f"compile time (untimed warm-up, in no figure above): {compiling:.1f} s")
+                    summary = headline(report, "vispec" if section is HEADLINE else "specmm tree")
+                    if summary:
+                        print(summary)
                     results.append((section, report, body))
             atomic_write_text(path, _html(results, skipped, pending=[s.title for s in sections[number + 1:]]))
     print(f"wrote {path.resolve()}")
@@ -226,13 +243,39 @@ def error_block(err: BaseException) -> str:
             f"{html.escape(str(err))}</p><details><summary>traceback</summary><pre>{html.escape(trace)}</pre></details>")
 
 
+def compile_seconds(report: BenchReport) -> float:
+    """Seconds the section's warm-up spent compiling (reported apart from every timed figure)."""
+    return sum(r.compile_s for r in report.rows)
+
+
+def best_ar(report: BenchReport) -> BenchRow | None:
+    """The fastest plain-decoding row the report printed (HF generate eager or static + compiled)."""
+    return max((r for r in report.rows if r.baseline), key=lambda r: r.speedup, default=None)
+
+
+def headline(report: BenchReport, method: str) -> str:
+    """One line: the first row whose name contains `method`, against the best target-only row."""
+    best, row = best_ar(report), next((r for r in report.rows if method in r.method), None)
+    if best is None or row is None or row.speedup_vs_best_ar is None:
+        return ""
+    same = "identical outputs" if row.matched else "outputs NOT identical"
+    accepted = "" if row.mean_accepted is None else f", {row.mean_accepted:.2f} tokens per target forward"
+    return f"{row.method}: {row.speedup_vs_best_ar:.2f}x the best target-only row ({best.method}){accepted}, {same}."
+
+
 def table_html(report: BenchReport) -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(r.method)}</td><td>{r.tokens_per_s:.1f}</td><td>{r.speedup:.2f}x</td>"
-        f"<td>{'-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'}</td>"
-        f"<td>{'n/a' if r.matched is None else ('yes' if r.matched else 'NO')}</td></tr>" for r in report.rows)
-    return (f"<table><tr><th>method</th><th>tokens/s</th><th>speedup</th><th>mean accepted</th>"
-            f"<th>outputs identical</th></tr>{rows}</table>")
+    best = any(r.speedup_vs_best_ar is not None for r in report.rows)
+    head = ["method", "tokens/s", "speedup"] + (["speedup vs best AR"] if best else [])
+    head += ["mean accepted", "outputs identical", "compiled", "compile s (warm-up, untimed)"]
+    rows = []
+    for r in report.rows:
+        cells = [html.escape(r.method), f"{r.tokens_per_s:.1f}", f"{r.speedup:.2f}x"]
+        cells += ["-" if r.speedup_vs_best_ar is None else f"{r.speedup_vs_best_ar:.2f}x"] if best else []
+        cells += ["-" if r.mean_accepted is None else f"{r.mean_accepted:.2f}",
+                  "n/a" if r.matched is None else ("yes" if r.matched else "NO"), "yes" if r.compiled else "no",
+                  f"{r.compile_s:.1f}" if r.compile_s else "-"]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
 
 def _html(results: list, skipped: list, pending: list[str] = ()) -> str:

@@ -1,4 +1,10 @@
-"""`specmm bench core`: target-only greedy vs HF assisted generation vs specmm chain, tree and prompt lookup."""
+"""`specmm bench core`: plain decoding vs HF assisted generation vs specmm chain, tree and prompt lookup.
+
+Every row runs in one process on the same inputs, interleaved. Baselines (plain decoding, `baseline=True`): HF
+`generate` eager, and with `compile=True` also HF `generate` over a static cache with its decode step compiled
+(the fastest plain decoding a stock HF user gets). specmm rows run in each of `setup.modes`: "eager" and/or
+"compiled" (`SpeculativeGenerator(compile=True)`: static caches, compiled forwards; compile time reported apart).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,13 @@ import torch
 from torch import Tensor, nn
 
 import specmm
+from specmm.bench.fast_path import (compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
+                                    hf_static_compile_kwargs)
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
-from specmm.machine import machine_info
 from specmm.drafters import ModelDrafter, PromptLookupDrafter
+from specmm.machine import machine_info
+
+MODES = ("eager", "compiled")
 
 
 @dataclass
@@ -22,6 +32,16 @@ class CoreBenchSetup:
     pad_token_id: int = 0
     repeats: int = 3
     warmup: int = 1
+    modes: tuple[str, ...] = ("eager",)  # specmm modes to run: "eager" and/or "compiled"
+    hf_static: bool | None = None  # the HF static-cache + compiled baseline (None: when "compiled" is in modes)
+    profile: bool = True  # one extra untimed profiled run per specmm row, for the per-round time split
+
+    def __post_init__(self):
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise ValueError(f"modes: expected some of {MODES}, got {self.modes!r}")
+        if self.hf_static is None:
+            self.hf_static = "compiled" in self.modes
 
 
 def new_token_rows(sequences: Tensor, prompt_width: int, eos: int | None, pad: int) -> list[list[int]]:
@@ -34,14 +54,38 @@ def new_token_rows(sequences: Tensor, prompt_width: int, eos: int | None, pad: i
     return rows
 
 
+def speculative_method(name: str, make_generator, generate, mode: str, profile: bool) -> Method:
+    """A specmm row: `make_generator(compile, profile)` builds the generator, `generate(gen)` runs it and returns
+    (RunResult without stats, GenerationStats); the row records which parts ran compiled."""
+    compiled = mode == "compiled"
+
+    def run(profiled: bool = False) -> RunResult:
+        gen = make_generator(compiled, profiled)
+        result, stats = generate(gen)
+        result.stats, result.mean_accepted = stats, stats.mean_accepted
+        if compiled:
+            parts = compiled_parts(gen)
+            result.compiled = "target" in parts
+            result.extra = {**result.extra, "compiled parts": describe_parts(parts)}
+        return result
+
+    return Method(f"{name}, compiled" if compiled else name, run, compiled=compiled,
+                  profile=(lambda: run(True)) if profile else None)
+
+
 def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, attention_mask: Tensor,
                  setup: CoreBenchSetup) -> list[Method]:
     width, eos, pad, new = input_ids.shape[1], setup.eos_token_id, setup.pad_token_id, setup.max_new_tokens
+    batch = input_ids.shape[0]
 
-    def target_only() -> RunResult:
-        out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
-                              eos_token_id=eos, pad_token_id=pad)
-        return RunResult(new_token_rows(out, width, eos, pad))
+    def target_only(static: bool):
+        def run() -> RunResult:
+            extra = hf_static_compile_kwargs(target) if static else {}
+            out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
+                                  eos_token_id=eos, pad_token_id=pad, **extra)
+            # compiled only if HF took its auto-compile path (a static cache it can compile), which stores the call
+            return RunResult(new_token_rows(out, width, eos, pad), compiled=static and hf_compiled(target))
+        return run
 
     def hf_assisted() -> RunResult:
         rows = []
@@ -53,31 +97,47 @@ def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, 
             rows += new_token_rows(out, prompt.shape[1], eos, pad)
         return RunResult(rows)
 
-    def speculative(drafter_factory, tree) -> callable:
-        def run() -> RunResult:
-            gen = specmm.SpeculativeGenerator(target, drafter_factory(), tree=tree)
+    def speculative(name: str, drafter_factory, tree: specmm.TreeSpec, mode: str) -> Method:
+        def make(compile: bool, profile: bool):
+            return specmm.SpeculativeGenerator(target, drafter_factory(), tree=tree, compile=compile, profile=profile)
+
+        def generate(gen):
             out = gen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new, eos_token_id=eos,
                                pad_token_id=pad)
-            return RunResult(new_token_rows(out.sequences, width, eos, pad), out.stats.mean_accepted)
-        return run
+            return RunResult(new_token_rows(out.sequences, width, eos, pad)), out.stats
+        return speculative_method(name, make, generate, mode, setup.profile)
 
-    methods = [Method(f"target-only (HF generate, batch {input_ids.shape[0]})", target_only)]
+    methods = [Method(f"target-only (HF generate, batch {batch})", target_only(False), baseline=True)]
+    if setup.hf_static:
+        methods.append(Method(f"target-only (HF generate, static cache + torch.compile, batch {batch})",
+                              target_only(True), baseline=True, compiled=True,
+                              note="HF's own compiled decoding: static cache, decode step compiled, prefill eager"))
     if draft is not None:
-        methods += [
-            Method(f"HF assisted, k={setup.k} (batch 1, row by row)", hf_assisted,
-                   note="transformers refuses batch > 1 for assisted generation"),
-            Method(f"specmm chain k={setup.k}", speculative(lambda: ModelDrafter(draft), specmm.TreeSpec.chain(setup.k))),
-            Method(f"specmm tree {_describe(setup.tree)}", speculative(lambda: ModelDrafter(draft), setup.tree)),
-        ]
-    methods.append(Method(f"specmm prompt lookup k={setup.k}",
-                          speculative(lambda: PromptLookupDrafter(ngram=3, k=setup.k), specmm.TreeSpec.chain(setup.k))))
+        methods.append(Method(f"HF assisted, k={setup.k} (batch 1, row by row)", hf_assisted,
+                              note="transformers refuses batch > 1 and static caches for assisted generation"))
+    for mode in setup.modes:
+        if draft is not None:
+            methods += [
+                speculative(f"specmm chain k={setup.k}", lambda: ModelDrafter(draft), specmm.TreeSpec.chain(setup.k),
+                            mode),
+                speculative(f"specmm tree {_describe(setup.tree)}", lambda: ModelDrafter(draft), setup.tree, mode),
+            ]
+        methods.append(speculative(f"specmm prompt lookup k={setup.k}", lambda: PromptLookupDrafter(ngram=3, k=setup.k),
+                                   specmm.TreeSpec.chain(setup.k), mode))
     return methods
 
 
 def _describe(spec: specmm.TreeSpec) -> str:
     if spec.kind == "dynamic":
         return f"dynamic(depth={spec.depth}, top_k={spec.top_k}, total={spec.total_tokens})"
+    if spec.kind == "chain":
+        return f"chain k={spec.depth}"
     return f"{spec.kind}({spec.num_nodes} nodes)"
+
+
+def timing_note(setup) -> str:
+    return (f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved; compiled rows compile "
+            "in the warm-up (same inputs and shapes as the timed runs)")
 
 
 def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, attention_mask: Tensor,
@@ -85,12 +145,12 @@ def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, at
                ) -> tuple[BenchReport, dict[str, RunResult]]:
     """Run the core methods side by side; returns the report and every method's outputs."""
     device = next(target.parameters()).device
-    with torch.no_grad():
+    with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(core_methods(target, draft, input_ids, attention_mask, setup), device,
-                             repeats=setup.repeats, warmup=setup.warmup, progress=progress)
+                                      repeats=setup.repeats, warmup=setup.warmup, progress=progress)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "eos_token_id": setup.eos_token_id,
-            "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **models}
+            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **models}
     report = BenchReport(name="specmm bench core", command=command, rows=rows, setup=info, notes=notes,
                          machine=machine_info(device))
     return report, outputs

@@ -1,23 +1,27 @@
 """Side-by-side benchmarks: one process, same inputs, warm-up, device sync, median of repeats.
 
-A benchmark is a list of `Method`s; the first is the baseline. Each method returns the new tokens of
-every row (so outputs can be compared with the baseline's) and, when it speculates, its stats.
+A benchmark is a list of `Method`s; the first is the reference for `speedup` and `outputs match`. Each method
+returns the new tokens of every row (so outputs can be compared with the first method's) and, when it
+speculates, its stats. Methods marked `baseline` are plain decoding: the report compares every row with the
+fastest of them too. Compiled methods compile in the warm-up, whose compile seconds are reported apart; a method
+with a `profile` run gets its per-round time split from one extra, untimed run. A method other than the first that
+raises is reported as a failed row (its error in the table) instead of ending a long benchmark.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
-from specmm.jobs import atomic_write_text
+from specmm.bench.compile_watch import CompileWatch
+from specmm.bench.report import PHASE_LABELS, BenchReport, BenchRow, compare_with_best_ar
+from specmm.core.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,8 @@ class RunResult:
     rows: list[list[int]]  # new tokens of every row, padding stripped
     mean_accepted: float | None = None  # tokens per target forward (None for non-speculative methods)
     extra: dict = field(default_factory=dict)  # method-specific columns (e.g. visual tokens seen)
+    stats: GenerationStats | None = None  # specmm runs: the generation's stats (round split when profiled)
+    compiled: bool | None = None  # whether the target really ran compiled (None: as the method declares)
 
 
 @dataclass
@@ -34,58 +40,16 @@ class Method:
     name: str
     run: Callable[[], RunResult]
     note: str = ""
+    baseline: bool = False  # plain decoding (HF generate): the bar "speedup vs best AR" measures against
+    compiled: bool = False  # compiles on its first calls: needs a warm-up, which reports the compile time
+    profile: Callable[[], RunResult] | None = None  # the same run with profiling on (untimed): per-round split
 
 
-@dataclass
-class BenchRow:
-    method: str
-    tokens_per_s: float
-    speedup: float  # over the baseline (first method)
-    mean_accepted: float | None
-    matched: bool | None  # every row's tokens equal the baseline's (None: not expected, e.g. sampling)
-    new_tokens: int
-    median_s: float
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class BenchReport:
-    name: str
-    command: str
-    rows: list[BenchRow]
-    setup: dict
-    notes: list[str] = field(default_factory=list)
-    machine: dict = field(default_factory=dict)
-    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
-
-    def table(self) -> str:
-        extras = list(dict.fromkeys(k for r in self.rows for k in r.extra))
-        head = "| method | tokens/s | speedup | mean accepted | outputs match | new tokens | median s |"
-        lines = [head + "".join(f" {k} |" for k in extras), "|---|---:|---:|---:|:---:|---:|---:|" + "---:|" * len(extras)]
-        for i, r in enumerate(self.rows):
-            accepted = f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else ("1.00*" if i == 0 else "n/a")
-            matched = "n/a" if r.matched is None else ("yes" if r.matched else "NO")
-            lines.append(f"| {r.method} | {r.tokens_per_s:.1f} | {r.speedup:.2f}x | {accepted} | {matched} | "
-                         f"{r.new_tokens} | {r.median_s:.3f} |" + "".join(f" {r.extra.get(k, '-')} |" for k in extras))
-        return "\n".join(lines)
-
-    def markdown(self) -> str:
-        setup = "\n".join(f"- {k}: {v}" for k, v in self.setup.items())
-        machine = "\n".join(f"- {k}: {v}" for k, v in self.machine.items())
-        notes = "\n".join(f"- {n}" for n in self.notes)
-        return (f"# {self.name}\n\nCommand: `{self.command}`  \nRun: {self.created}\n\n{self.table()}\n\n"
-                f"`*` plain decoding: one token per target forward by definition. n/a: the method does not "
-                f"report it.\n\n"
-                f"## Notes\n{notes}\n\n## Setup\n{setup}\n\n## Machine\n{machine}\n")
-
-    def write(self, directory: str | Path, stem: str) -> tuple[Path, Path]:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
-        atomic_write_text(json_path, json.dumps(asdict(self), indent=2))
-        atomic_write_text(md_path, self.markdown())
-        return json_path, md_path
+def round_ms(stats: GenerationStats | None) -> dict[str, float]:
+    """Milliseconds per round (target forward) in each phase of a profiled generation ({} if not profiled)."""
+    if stats is None or not stats.round_time_split or not stats.target_forwards:
+        return {}
+    return {p: 1000.0 * stats.round_time_split.get(p, 0.0) / stats.target_forwards for p in PHASE_LABELS}
 
 
 def _timed(fn: Callable[[], RunResult], device: torch.device) -> tuple[float, RunResult]:
@@ -100,30 +64,70 @@ def _timed(fn: Callable[[], RunResult], device: torch.device) -> tuple[float, Ru
 
 def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int = 3, warmup: int = 1,
                   progress: bool = True) -> tuple[list[BenchRow], dict[str, RunResult]]:
-    """Run every method `warmup + repeats` times (interleaved by round) and compare with the first.
-
-    Returns the table rows and each method's last outputs.
-    """
+    """Run every method `warmup + repeats` times (interleaved by round) and compare with the first, then run
+    each method's `profile` once. Returns the table rows and each method's last timed outputs."""
+    if warmup < 1 and any(m.compiled for m in methods):
+        raise ValueError("warmup: compiled methods compile on their first run; give at least one warm-up run")
     timings: dict[str, list[float]] = {m.name: [] for m in methods}
+    watches = {m.name: (CompileWatch(), CompileWatch()) for m in methods}  # (warm-up, timed)
     results: dict[str, RunResult] = {}
-    total = (warmup + repeats) * len(methods)
+    failed: dict[str, str] = {}
+    total = (warmup + repeats) * len(methods) + sum(m.profile is not None for m in methods)
     with tqdm(total=total, desc="bench", disable=not progress) as bar:
         for round_ in range(warmup + repeats):
             for method in methods:  # interleaved, so drifts in machine load hit every method alike
-                seconds, result = _timed(method.run, device)
+                bar.update(1)
+                if method.name in failed:
+                    continue
+                try:
+                    with watches[method.name][round_ >= warmup]:
+                        seconds, result = _timed(method.run, device)
+                except Exception as error:  # noqa: BLE001 (reported in the row; the reference row must run)
+                    if method is methods[0]:
+                        raise
+                    failed[method.name] = _describe_error(error)
+                    logger.warning("%s failed; reported as a failed row", method.name, exc_info=True)
+                    continue
                 if round_ >= warmup:
                     timings[method.name].append(seconds)
                 results[method.name] = result
-                bar.update(1)
-    baseline = methods[0].name
+        profiles = {}
+        for method in methods:
+            if method.profile is not None and method.name not in failed:
+                try:
+                    profiles[method.name] = method.profile().stats
+                except Exception:  # noqa: BLE001 (the split is left empty; the timed figures stand)
+                    logger.warning("%s: the profiled run failed; no round split", method.name, exc_info=True)
+            bar.update(method.profile is not None)
     base_rate = None
     rows = []
     for method in methods:
+        if method.name in failed:
+            rows.append(BenchRow(method=method.name, tokens_per_s=0.0, speedup=0.0, mean_accepted=None, matched=False,
+                                 new_tokens=0, median_s=0.0, note=method.note, baseline=method.baseline,
+                                 error=failed[method.name]))
+            continue
         result, median = results[method.name], statistics.median(timings[method.name])
         new_tokens = sum(len(r) for r in result.rows)
         rate = new_tokens / median
         base_rate = base_rate or rate
+        warm, timed = watches[method.name]
+        compiled = method.compiled if result.compiled is None else result.compiled
         rows.append(BenchRow(method=method.name, tokens_per_s=rate, speedup=rate / base_rate,
-                             mean_accepted=result.mean_accepted, matched=result.rows == results[baseline].rows,
-                             new_tokens=new_tokens, median_s=median, note=method.note, extra=result.extra))
+                             mean_accepted=result.mean_accepted, matched=result.rows == results[methods[0].name].rows,
+                             new_tokens=new_tokens, median_s=median, note=method.note, extra=result.extra,
+                             baseline=method.baseline, compiled=compiled, compile_s=warm.seconds,
+                             timed_compiles=timed.events, round_ms=round_ms(profiles.get(method.name))))
+        if timed.events:
+            logger.warning("%s: %d compile events during timed runs (%.1f s); the warm-up did not cover its shapes",
+                           method.name, timed.events, timed.seconds)
+    compare_with_best_ar(rows)
     return rows, results
+
+
+def _describe_error(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
+
+
+__all__ = ["BenchReport", "BenchRow", "Method", "RunResult", "compare_with_best_ar", "round_ms", "run_benchmark"]

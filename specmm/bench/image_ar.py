@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specmm.bench.harness import BenchReport, BenchRow
+from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar
 from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
@@ -104,7 +104,7 @@ def bench_image_ar(args) -> int:
                 done["rows"][key] = BenchRow(
                     method=key, tokens_per_s=tokens / run["seconds"],
                     speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
-                    new_tokens=tokens, median_s=run["seconds"],
+                    new_tokens=tokens, median_s=run["seconds"], baseline=method == "ar", compiled=False,
                     extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                            "class acc": f"{accuracy(logits, labels):.2f}",
                            "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
@@ -137,6 +137,8 @@ def bench_image_ar(args) -> int:
                  "device": str(device)}
         command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
+        for b in args.batch_sizes:  # each batch size against its own AR row (image samplers have no compiled path yet)
+            compare_with_best_ar([done["rows"][f"{m} (bs {b})"] for m in methods])
         report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
                              setup=setup, notes=notes, machine=machine_info(device),
                              created=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -4,6 +4,10 @@ Per batch size: target-only (the baseline), draft-only, SpecReason and Arbitrage
 random routing at each of their measured acceptance rates, and exact token-level speculative decoding
 (the core engine with the same draft). Accuracy comes from the exact answer checker; latency is measured
 wall-clock per batch (device-synchronised, after a warm-up run of every method), never modelled.
+
+With `compile=True` the token-level row also runs in the core's compiled mode. Its warm-up covers every batch
+(the batches' prompt widths differ, and each new shape compiles), its compile seconds are reported apart, and
+compile events during timed batches are counted. Step-level rows stay eager (StepSpeculator has no compiled path).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import torch
 from tqdm.auto import tqdm
 
 import specmm
-from specmm.bench.harness import BenchReport, BenchRow
+from specmm.bench.compile_watch import CompileWatch
+from specmm.bench.fast_path import compiled_parts
+from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar
 from specmm.core.stats import GenerationStats
 from specmm.drafters import ModelDrafter
 from specmm.jobs import atomic_write_text, atomic_writer
@@ -46,6 +52,7 @@ class ReasoningBenchSetup:
     max_step_tokens: int = 12
     token_sd_k: int = 3
     temperature: float = 0.0
+    compile: bool = False  # also run the token-level row in the core's compiled mode
 
 
 @dataclass
@@ -61,6 +68,9 @@ class MethodResult:
     target_forwards: int
     mean_accepted: float | None  # tokens per target forward per row (None without target forwards)
     completions: list[list[int]]
+    compiled: bool = False  # the target ran compiled
+    compile_s: float = 0.0  # seconds compiling in the warm-up
+    timed_compiles: int = 0  # compile events during timed batches (0 unless the warm-up missed a shape)
 
     @property
     def latency_s(self) -> float:
@@ -75,6 +85,7 @@ class Tally:
     wall_s: float = 0.0
     batches: int = 0
     stats: GenerationStats = field(default_factory=GenerationStats)  # `reasoning` extras for step-level methods
+    compiled: bool = False  # set by a run whose target took the compiled path
 
     def result(self, name: str, problems, tokenizer) -> MethodResult:
         acc, se = _accuracy(self.completions, problems, tokenizer)
@@ -83,7 +94,8 @@ class Tally:
         return MethodResult(name, acc, se, self.wall_s, self.batches, nan if acceptance is None else acceptance,
                             steps.draft_tokens / max(stats.new_tokens, 1) if steps is not None else nan,
                             stats.new_tokens, stats.target_forwards,
-                            stats.mean_accepted if stats.target_forwards else None, self.completions)
+                            stats.mean_accepted if stats.target_forwards else None, self.completions,
+                            compiled=self.compiled)
 
 
 def _synced(device: torch.device) -> float:
@@ -115,11 +127,11 @@ def step_method(models, policy, setup: ReasoningBenchSetup, device, inner: int |
     return run
 
 
-def token_sd_method(models, setup: ReasoningBenchSetup, device):
+def token_sd_method(models, setup: ReasoningBenchSetup, device, compile: bool = False):
     """Exact token-level speculation (core engine, chain of k draft tokens) on whole solutions."""
     tokenizer = models.tokenizer
     gen = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft),
-                                      tree=specmm.TreeSpec.chain(setup.token_sd_k))
+                                      tree=specmm.TreeSpec.chain(setup.token_sd_k), compile=compile)
     sampling = specmm.SamplingConfig(temperature=setup.temperature)
 
     def run(problems, start: int, tally: Tally) -> None:
@@ -130,6 +142,7 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device):
                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         tally.wall_s += _synced(device) - begin
         tally.batches += 1
+        tally.compiled = "target" in compiled_parts(gen)
         for row in out.sequences[:, enc["input_ids"].shape[1]:].tolist():
             tally.completions.append(row[: row.index(tokenizer.eos_token_id) + 1]
                                      if tokenizer.eos_token_id in row else row)
@@ -138,17 +151,27 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device):
 
 
 def run_interleaved(methods: dict[str, Callable], problems, batch: int, tokenizer, progress: bool,
-                    desc: str) -> list[MethodResult]:
+                    desc: str, compiled: frozenset[str] = frozenset()) -> list[MethodResult]:
     """Every method on every batch of problems, methods interleaved within each batch (so a slow spell of a
-    shared machine hits all methods alike), after one warm-up batch per method."""
-    for run in methods.values():
-        run(problems[:batch], 0, Tally())
-    tallies = {name: Tally() for name in methods}
+    shared machine hits all methods alike), after one warm-up batch per method; `compiled` methods warm up on
+    every batch, so the timed batches meet only shapes they compiled."""
     starts = range(0, len(problems), batch)
+    watches = {name: (CompileWatch(), CompileWatch()) for name in methods}  # (warm-up, timed)
+    for name, run in methods.items():
+        with watches[name][0]:
+            for start in (starts if name in compiled else starts[:1]):
+                run(problems[start: start + batch], start, Tally())
+    tallies = {name: Tally() for name in methods}
     for start in tqdm(starts, desc=desc, disable=not progress):
         for name, run in methods.items():
-            run(problems[start: start + batch], start, tallies[name])
-    return [tallies[name].result(name, problems, tokenizer) for name in methods]
+            with watches[name][1]:
+                run(problems[start: start + batch], start, tallies[name])
+    results = []
+    for name in methods:
+        result = tallies[name].result(name, problems, tokenizer)
+        result.compile_s, result.timed_compiles = watches[name][0].seconds, watches[name][1].events
+        results.append(result)
+    return results
 
 
 def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, progress: bool) -> list[MethodResult]:
@@ -158,11 +181,16 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
     policies += [SpecReason(t, template=template, method="expected") for t in setup.specreason_thresholds]
     policies += [Arbitrage(models.router, t) for t in setup.arbitrage_thresholds]
     methods = {policy.name: step_method(models, policy, setup, device) for policy in policies}
-    methods[f"token-level SD (exact, chain {setup.token_sd_k})"] = token_sd_method(models, setup, device)
+    token_sd = f"token-level SD (exact, chain {setup.token_sd_k})"
+    methods[token_sd] = token_sd_method(models, setup, device)
+    compiled = frozenset({f"{token_sd}, compiled"} if setup.compile else ())
+    for name in compiled:
+        methods[name] = token_sd_method(models, setup, device, compile=True)
     strictest = SpecReason(max(setup.specreason_thresholds), template=template, method="expected")
     methods[f"{strictest.name} + token SD k={setup.token_sd_k} in regenerated steps"] = step_method(
         models, strictest, setup, device, inner=setup.token_sd_k)
-    results = run_interleaved(methods, problems, batch, models.tokenizer, progress, f"bench (batch {batch})")
+    results = run_interleaved(methods, problems, batch, models.tokenizer, progress, f"bench (batch {batch})",
+                              compiled)
     # random routing at each measured acceptance rate of the learned policies, interleaved among themselves
     matched = [r for r in results if r.name.startswith(("specreason", "arbitrage")) and "token SD" not in r.name
                and not math.isnan(r.acceptance)]
@@ -184,9 +212,12 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
             method=r.name, tokens_per_s=r.new_tokens / r.wall_s, speedup=base.latency_s / r.latency_s,
             mean_accepted=r.mean_accepted,
             matched=r.completions == base.completions, new_tokens=r.new_tokens, median_s=r.latency_s,
+            baseline=r.name == "target-only", compiled=r.compiled, compile_s=r.compile_s,
+            timed_compiles=r.timed_compiles,
             extra={"accuracy": f"{r.accuracy:.3f} ± {r.stderr:.3f}", "within 1 SE of target": "yes" if within else "no",
                    "step acceptance": "-" if math.isnan(r.acceptance) else f"{r.acceptance:.2f}",
                    "draft token share": "-" if math.isnan(r.draft_token_share) else f"{r.draft_token_share:.2f}"}))
+    compare_with_best_ar(rows)
     problems = setup.problems.get(batch, 2 * batch)
     notes = [
         ("speedup = target-only latency / method latency (latency = measured wall-clock per batch, device-"
@@ -198,6 +229,9 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
         "accuracy: exact answer check on held-out ChainArith problems, ± binomial standard error.",
         "random(p=...) escalates each step with probability p = 1 - the matched policy's measured acceptance.",
     ]
+    if setup.compile:
+        notes.append("The compiled token-level row warmed up on every batch (prompt widths differ per batch); step-"
+                     "level rows, inner token SD included, run eager.")
     return BenchReport(name=f"specmm bench reasoning: batch {batch} ({problems} problems)", command=command,
                        rows=rows, setup={**description, "batch": batch, "problems": problems,
                                          "temperature": setup.temperature, "max_new_tokens": setup.max_new_tokens,

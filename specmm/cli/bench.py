@@ -68,10 +68,12 @@ def _bench_core(args, device, name) -> int:
     else:
         data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)
     setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, tree=dynamic_tree(args),
-                           eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats)
+                           eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
+                           warmup=args.warmup, modes=modes(args))
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
                            models=data.description, notes=data.notes)
     print(report.table())
+    print(report.legend())
     for note in report.notes:
         print("note:", note)
     json_path, md_path = report.write(args.out, name)
@@ -101,11 +103,12 @@ def _bench_vlm(args, methods, device, name) -> int:
     models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
     drafters_dir = zoo.build("captioner-drafters", args.scale)
     drafters = {m: VisionDrafter.from_pretrained(drafters_dir / m, models.target) for m in methods}
-    depth, top_k, total = (3, 2, 6) if device.type == "cpu" else (4, 4, 16)
+    k, depth, top_k, total = (2, 3, 2, 6) if device.type == "cpu" else (4, 4, 4, 16)
     setup = VLMBenchSetup(scenes=args.scenes, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
                           tree=specmm.TreeSpec.dynamic(depth=args.depth or depth, top_k=args.top_k or top_k,
                                                        total_tokens=args.total_tokens or total),
-                          temperatures=tuple(args.temperatures), repeats=args.repeats)
+                          k=args.k or k, trees=tuple(args.trees), modes=modes(args),
+                          temperatures=tuple(args.temperatures), repeats=args.repeats, warmup=args.warmup)
     record = zoo.record("captioner", args.scale)
     description = {"scale": args.scale, "target": f"zoo captioner-{args.scale} "
                    f"({record['models']['target']['parameters'] / 1e6:.2f}M params, {record['image_tokens']} image "
@@ -114,9 +117,25 @@ def _bench_vlm(args, methods, device, name) -> int:
     reports, _ = bench_vlm(models, drafters, setup, command=command_line(), description=description)
     for report in reports:
         print(f"\n{report.name}\n{report.table()}")
+    if reports:
+        print(reports[0].legend())
     json_path, md_path = write_reports(reports, args.out, name)
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def modes(args) -> tuple[str, ...]:
+    """specmm modes a benchmark runs: eager, and compiled too with --compile."""
+    return ("eager", "compiled") if getattr(args, "compile", False) else ("eager",)
+
+
+COMPILE_HELP = ("also run HF generate with a static cache + torch.compile (a baseline) and every specmm row in "
+                "compiled mode (static caches, compiled forwards); compile time is measured in the warm-up and "
+                "reported apart")
+
+
+WARMUP_HELP = ("untimed runs of every method before the timed ones (compiled rows compile here; raise it if a "
+               "report warns of compile events during timed runs)")
 
 
 def cmd_bench_cspd(args) -> int:
@@ -181,7 +200,8 @@ def add_parser(sub):
     """Register `bench` and its core/vlm/ssm/image_ar/cspd/dlm subcommands; returns the bench subparsers."""
     bench = sub.add_parser("bench", help="side-by-side benchmarks")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
-    core = bsub.add_parser("core", help="target-only vs HF assisted vs specmm chain / tree / prompt lookup")
+    core = bsub.add_parser("core", help="HF generate (eager, static+compiled) vs HF assisted vs specmm chain / tree / "
+                           "prompt lookup, eager and compiled")
     source = core.add_mutually_exclusive_group()
     source.add_argument("--zoo", default="code", help="zoo entry to benchmark on (default: code)")
     source.add_argument("--target", help="local HF causal LM folder (with --draft)")
@@ -199,19 +219,28 @@ def add_parser(sub):
     core.add_argument("--total-tokens", type=int_range(2),
                       help="dynamic tree nodes incl. root (default: 8 on CPU, 24 on CUDA)")
     core.add_argument("--repeats", type=positive_int, default=3)
+    core.add_argument("--warmup", type=positive_int, default=1, help=WARMUP_HELP)
+    core.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     core.add_argument("--out", default="benchmarks")
     core.add_argument("--name", help="report file stem (default core-<source>-<device>)")
-    vlm = bsub.add_parser("vlm", help="captioning: target-only vs HF assisted vs every VisionDrafter method")
+    vlm = bsub.add_parser("vlm", help="captioning: HF generate (eager, static+compiled) vs HF assisted vs every "
+                          "VisionDrafter method, eager and compiled")
     vlm.add_argument("--scale", default="cpu", help="zoo scale of the captioner and its drafters")
     vlm.add_argument("--methods", help="comma-separated subset of eagle,msd,vispec,dream,flash (default: all)")
     vlm.add_argument("--scenes", type=positive_int, default=8)
     vlm.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8])
     vlm.add_argument("--temperatures", type=temperature_arg, nargs="+", default=[0.0, 1.0])
     vlm.add_argument("--max-new-tokens", type=positive_int, default=160)
-    vlm.add_argument("--depth", type=positive_int)
-    vlm.add_argument("--top-k", type=positive_int)
-    vlm.add_argument("--total-tokens", type=int_range(2))
+    vlm.add_argument("--trees", nargs="+", choices=["chain", "dynamic"], default=["chain", "dynamic"],
+                     help="specmm rows per drafter: a chain of --k tokens and/or the dynamic tree")
+    vlm.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    vlm.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 4 on CUDA)")
+    vlm.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
+    vlm.add_argument("--total-tokens", type=int_range(2),
+                     help="dynamic tree nodes incl. root (default: 6 on CPU, 16 on CUDA)")
     vlm.add_argument("--repeats", type=positive_int, default=3)
+    vlm.add_argument("--warmup", type=positive_int, default=1, help=WARMUP_HELP)
+    vlm.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     vlm.add_argument("--device", type=device_arg, default=default_device())
     vlm.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     vlm.add_argument("--out", default="benchmarks")

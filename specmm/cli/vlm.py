@@ -120,7 +120,7 @@ def cmd_caption(args) -> int:
                              "this install lacks; use --drafter prompt-lookup or --draft-lm DIR") from None
         with loading("--drafter", args.drafter, "drafter"):
             drafter = VisionDrafter.from_pretrained(args.drafter, target)
-    svlm = SpeculativeVLM(target, processor, drafter, tree=tree)
+    svlm = SpeculativeVLM(target, processor, drafter, tree=tree, compile=args.compile)
     check_budget(args.max_new_tokens, context_limit(target), "--max-new-tokens", tree.depth + 1)
     models = {"target": fingerprint(args.target), "dtype": str(args.dtype).removeprefix("torch."),
               "drafter": fingerprint(args.draft_lm) if args.draft_lm else (
@@ -129,9 +129,10 @@ def cmd_caption(args) -> int:
                              resume=args.resume, force=args.force, sampling=sampling,
                              prompt=args.prompt or DEFAULT_PROMPT, settings=models, argument="--out")
     done = summary.caption
+    compiling = (f" (of which {summary.compile_time_s:.1f} s compiling new shapes)" if args.compile else "")
     print(f"captioned {done.captioned}, skipped {done.skipped}, errors {done.errors}; "
-          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s "
-          f"-> {args.out}")
+          f"{summary.new_tokens} tokens, mean accepted {summary.mean_accepted:.2f}, {summary.wall_time_s:.1f} s"
+          f"{compiling} -> {args.out}")
     return 0
 
 
@@ -173,6 +174,9 @@ def add_parsers(sub) -> None:
     job = caption.add_mutually_exclusive_group()
     job.add_argument("--resume", action="store_true", help="continue the same job in --out: skip images already in it")
     job.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    caption.add_argument("--compile", action="store_true",
+                         help="compiled mode: static caches and compiled forwards (identical captions); each new "
+                         "batch shape compiles once, and the time spent compiling is printed apart")
     caption.add_argument("--device", type=device_arg, default=default_device())
     caption.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     caption.set_defaults(func=cmd_caption)

@@ -39,10 +39,14 @@ def with_image_token(prompt: str, image_token: str) -> str:
 
 
 class SpeculativeVLM:
-    """A VLM target, its processor and a drafter (`EagleDrafter`, `ModelDrafter`, `VisionDrafter`, ...)."""
+    """A VLM target, its processor and a drafter (`EagleDrafter`, `ModelDrafter`, `VisionDrafter`, ...).
+
+    `compile=True` runs the core's compiled mode (static caches, compiled forwards; identical outputs): the first
+    batch of each new shape compiles, and `stats.compile_time_s` reports those seconds apart.
+    """
 
     def __init__(self, target_model: nn.Module, processor, drafter: Drafter, tree: TreeSpec | None = None,
-                 acceptance: str | AcceptanceRule = "exact"):
+                 acceptance: str | AcceptanceRule = "exact", compile: bool = False):
         target = as_target(target_model)
         if not isinstance(target, VLMTarget):
             raise ValueError(f"target_model: {type(target_model).__name__} is not a vision-language model specmm "
@@ -52,7 +56,7 @@ class SpeculativeVLM:
             raise ValueError(f"processor: {type(processor).__name__} is not a VLM processor (needs image_token and "
                              "tokenizer)")
         self.target, self.processor, self.tokenizer = target, processor, processor.tokenizer
-        self.generator = SpeculativeGenerator(target, drafter, tree=tree, acceptance=acceptance)
+        self.generator = SpeculativeGenerator(target, drafter, tree=tree, acceptance=acceptance, compile=compile)
         config = target.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else self.tokenizer.eos_token_id
         pad = next((p for p in (self.tokenizer.pad_token_id, config.pad_token_id) if p is not None), None)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from specmm.bench.core import CoreBenchSetup, bench_core
-from specmm.bench.harness import Method, RunResult, run_benchmark
+from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.cli import main
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 
@@ -59,3 +60,19 @@ def test_cli_reports_bad_arguments_as_errors(tmp_path, monkeypatch, capsys):
     assert main(["zoo", "path", "code", "--scale", "tiny"]) == 2
     assert "specmm zoo build code" in capsys.readouterr().err
     assert main(["zoo", "build", "nope"]) == 2
+
+
+def test_a_failing_method_becomes_a_failed_row_but_the_reference_must_run():
+    def broken():
+        raise RuntimeError("index out of bounds")
+
+    rows, outputs = run_benchmark([Method("base", lambda: RunResult([[1]]), baseline=True), Method("broken", broken),
+                                   Method("fine", lambda: RunResult([[1]], mean_accepted=1.0))],
+                                  torch.device("cpu"), repeats=1, warmup=1, progress=False)
+    assert rows[1].error == "RuntimeError: index out of bounds" and rows[1].matched is False
+    assert "broken" not in outputs and rows[2].matched and rows[1].speedup_vs_best_ar is None
+    report = BenchReport(name="t", command="c", rows=rows, setup={})
+    assert "| broken | FAILED: RuntimeError: index out of bounds |" in report.table()
+    assert "FAILED (the method raised" in report.markdown()
+    with pytest.raises(RuntimeError, match="index out of bounds"):
+        run_benchmark([Method("base", broken)], torch.device("cpu"), repeats=1, warmup=0, progress=False)

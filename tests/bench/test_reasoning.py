@@ -34,6 +34,8 @@ def test_bench_reports_every_method_and_token_sd_reproduces_target_only(tiny_mod
         randoms = [r for r in rows if r.name.startswith("random")]
         assert len(randoms) == 2 and all("[matches" in r.name for r in randoms)
         assert all(0.0 <= r.accuracy <= 1.0 and r.wall_s > 0 for r in rows)
+    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only"]
+    assert not any(r.compiled for r in reports[0].rows)  # eager unless setup.compile
     table = reports[0].table()
     assert "accuracy" in table and "within 1 SE of target" in table
     json_path, md_path, png = write(reports, results, tmp_path, "reasoning-test")

@@ -23,6 +23,8 @@ def test_bench_ssm_runs_every_method_side_by_side_and_writes_the_report(tmp_path
     assert [r.method.split()[0] for r in report.rows] == ["AR", "chain", "chain", "STree", "STree"]
     assert all(r.matched for r in report.rows), report.table()
     assert all(r.mean_accepted > 1.0 for r in report.rows[1:])
+    assert [r.baseline for r in report.rows] == [True, False, False, False, False]
+    assert not any(r.compiled for r in report.rows) and report.rows[0].speedup_vs_best_ar == 1.0
     json_path, md_path = report.write(tmp_path, "ssm")
     assert json.loads(json_path.read_text())["rows"][0]["speedup"] == 1.0
     assert "replay rollback" in md_path.read_text()

@@ -98,6 +98,12 @@ def test_resume_without_a_manifest_is_refused(image_dir, tmp_path):
         caption_images(_svlm(), find_images(image_dir), out, resume=True, progress=False)
 
 
+def test_compile_passes_through_to_the_core_generator():
+    target, draft, processor = tiny_captioner()
+    svlm = SpeculativeVLM(target, processor, ModelDrafter(draft), compile=True)
+    assert svlm.generator.compile and not _svlm().generator.compile
+
+
 def test_bad_arguments_raise_before_any_work(image_dir, tmp_path):
     svlm, out = _svlm(), tmp_path / "out.jsonl"
     with pytest.raises(ValueError, match="image_paths: no images given"):

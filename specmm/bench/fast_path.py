@@ -1,0 +1,92 @@
+"""Compiled rows of a benchmark: HF's own static-cache + `torch.compile` decoding, and which parts of a compiled
+specmm generator really ran compiled.
+
+HF baseline. transformers 5.x compiles `generate`'s decoding steps by itself when the cache is static and
+`_valid_auto_compile_criteria` holds: on CUDA that is automatic, elsewhere it needs a `CompileConfig` with
+`_compile_all_devices`. The prefill stays eager; the decode step is `torch.compile(model.__call__)` stored on the
+model as `_compiled_call`. That is the fastest plain decoding a user of stock HF models gets, so it is the
+baseline compiled specmm rows must beat. `hf_compile_scope` removes what HF left on the model afterwards (the
+compiled call, its config, the static cache length it keeps growing to avoid recompiles).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from torch import nn
+
+
+def hf_static_compile_kwargs(model: nn.Module) -> dict:
+    """`generate` kwargs for HF's static cache with the decode step compiled (static shapes).
+
+    The same `CompileConfig` object serves every call on `model` (HF recompiles when the config changes). Mode
+    `reduce-overhead` (CUDA graphs, HF's default) on CUDA, as specmm's compiled mode uses; inductor's default on
+    other devices, where HF would not compile without `_compile_all_devices`.
+    """
+    config = getattr(model, "_specmm_bench_compile_config", None)
+    if config is None:
+        from transformers import CompileConfig
+
+        cuda = next(model.parameters()).device.type == "cuda"
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
+        config._compile_all_devices = True  # HF compiles only on accelerators unless told
+        model._specmm_bench_compile_config = config
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+@contextmanager
+def hf_compile_scope(model: nn.Module):
+    """Leave `model` as it was: its `forward`, and none of the compiled call HF's static `generate` stores on it."""
+    forward = model.__dict__.get("forward")
+    added = [name for name in ("_compiled_call", "_last_compile_config", "_previous_max_cache_length",
+                               "_specmm_bench_compile_config") if name not in model.__dict__]
+    try:
+        yield model
+    finally:
+        for name in added:
+            model.__dict__.pop(name, None)
+        if forward is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = forward
+
+
+def hf_compiled(model: nn.Module) -> bool:
+    """Whether HF `generate` compiled `model`'s decode step (it keeps the compiled call on the model)."""
+    return "_compiled_call" in model.__dict__
+
+
+def compiled_parts(gen) -> list[str]:
+    """The parts of `gen` ("target", "drafter") that took the fast path in its last generation: compiled mode
+    on, the part has a static path (`static_plan`), and its model's compiled forward did not fall back to eager."""
+    if not getattr(gen, "compile", False):
+        return []
+    return [role for role, part in (("target", gen.target), ("drafter", gen.drafter))
+            if hasattr(part, "static_plan") and not _compile_failed(part)]
+
+
+def _compile_failed(part) -> bool:
+    """Whether the compiled forward of the part's model (`model` or `head`) warned and went eager."""
+    from specmm.core.compiled import compile_failure
+
+    for name in ("model", "head"):
+        module = getattr(part, name, None)
+        if isinstance(module, nn.Module) and compile_failure(module) is not None:
+            return True
+    return False
+
+
+def eager_drafter(drafter):
+    """`drafter` for an eager generator (the engine also resets `static_plan` at every `begin`; kept so a
+    drafter handed to code outside the engine is eager too)."""
+    if getattr(drafter, "static_plan", None) is not None:
+        drafter.static_plan = None
+    return drafter
+
+
+def describe_parts(parts: list[str]) -> str:
+    return "+".join(parts) if parts else "none"
+
+
+__all__ = ["compiled_parts", "describe_parts", "eager_drafter", "hf_compile_scope", "hf_compiled",
+           "hf_static_compile_kwargs"]
