@@ -124,3 +124,13 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("acceptance reached (mean tokens per target forward; histogram of accepted drafts)")
     for case, mean, histogram in ACCEPTANCE_REPORT:
         terminalreporter.write_line(f"{case:<44} {mean:6.3f}  {histogram}")
+
+
+FORKING_TESTS = ("tests/cli/test_kill_resume.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Fault-injection tests fork the test process; a fork is safe only before the process has run autograd's
+    worker threads or torch.compile (a forked child then fails in backward), so they run first."""
+    first = [item for item in items if item.nodeid.startswith(FORKING_TESTS)]
+    items[:] = first + [item for item in items if not item.nodeid.startswith(FORKING_TESTS)]
