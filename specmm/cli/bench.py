@@ -72,13 +72,7 @@ def _bench_core(args, device, name) -> int:
                            warmup=args.warmup, modes=modes(args))
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
                            models=data.description, notes=data.notes)
-    print(report.table())
-    print(report.legend())
-    for note in report.notes:
-        print("note:", note)
-    json_path, md_path = report.write(args.out, name)
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+    return show_and_write(report, args.out, name, legend=True)
 
 
 def cmd_bench_vlm(args) -> int:
@@ -120,6 +114,18 @@ def _bench_vlm(args, methods, device, name) -> int:
     if reports:
         print(reports[0].legend())
     json_path, md_path = write_reports(reports, args.out, name)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def show_and_write(report, out, name: str, legend: bool = False) -> int:
+    """Print a report's table (and its column legend), its notes, and write its Markdown and JSON."""
+    print(report.table())
+    if legend:
+        print(report.legend())
+    for note in report.notes:
+        print("note:", note)
+    json_path, md_path = report.write(out, name)
     print(f"wrote {json_path} and {md_path}")
     return 0
 
@@ -168,12 +174,7 @@ def _bench_cspd(args, setup, device, name) -> int:
                    f"(held-out accuracy {record['classifier']['heldout_accuracy']:.2f})"}
     report, _ = bench_cspd(models, setup, command=command_line(), description=description,
                            grid_path=Path(args.out) / f"{name}-grid.png")
-    print(report.table())
-    for note in report.notes:
-        print("note:", note)
-    json_path, md_path = report.write(args.out, name)
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+    return show_and_write(report, args.out, name)
 
 
 def cmd_bench_dlm(args) -> int:
