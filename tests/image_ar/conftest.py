@@ -18,6 +18,13 @@ def tiny_llamagen(vocab: int = 64, block: int = 16, seed: int = 0, dtype=torch.f
     return lg.to(dtype)
 
 
+def condition(target, conditions, cfg_scale, max_nodes):
+    """The public conditioning hook: an empty prompt plus conditions; returns image token 0's logits [B, V]."""
+    target.start(conditions.shape[0])
+    prompt = torch.zeros(conditions.shape[0], 0, dtype=torch.long)
+    return target.prefill(prompt, prompt, conditions=conditions, cfg_scale=cfg_scale, max_nodes=max_nodes).next_logits
+
+
 @pytest.fixture(scope="module")
 def lg():
     return tiny_llamagen()

@@ -72,12 +72,11 @@ def _guided_logits(lg, conditions, tokens, cfg_scale):
     """[B, N, V] guided logits before each image token, teacher-forced through the target's public hooks."""
     from specmm.core.tree import DraftTree
     from specmm.image_ar import GuidedTarget
+    from tests.image_ar.conftest import condition
 
     target = GuidedTarget(lg.gpt)
     batch, n = tokens.shape
-    target.start(batch)
-    prompt = torch.zeros(batch, 0, dtype=torch.long)
-    first = target.prefill(prompt, prompt, conditions=conditions, cfg_scale=cfg_scale, max_nodes=n).next_logits
+    first = condition(target, conditions, cfg_scale, max_nodes=n)
     steps = torch.arange(n).expand(batch, n)
     chain = DraftTree(tokens=tokens, parents=steps - 1, depth=steps, valid=torch.ones(batch, n, dtype=torch.bool),
                       max_depth=n - 1, max_children=1)

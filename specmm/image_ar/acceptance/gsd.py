@@ -41,8 +41,7 @@ class GSD(ExactRule):
 
     def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
         group = self.group(target_probs, tokens)
-        moved = (target_probs * group).sum(-1) - target_probs.gather(-1, tokens[:, None])[:, 0]
-        return {"moved_mass": moved, "group_size": group.sum(-1).float()}
+        return {"moved_mass": _credited(target_probs, group, tokens), "group_size": group.sum(-1).float()}
 
     def bind(self, codebook: Tensor, quantile: float | None = None) -> GSD:
         """Use the L2-normalised codebook as the token embedding; set d_max to a quantile of pair distances."""
@@ -68,8 +67,7 @@ class GSD(ExactRule):
 
     def moved_mass(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         """[N] mass of the group beyond the draft itself (what the group test credits to x)."""
-        group = self.group(target_probs, tokens)
-        return (target_probs * group).sum(-1) - target_probs.gather(-1, tokens[:, None])[:, 0]
+        return _credited(target_probs, self.group(target_probs, tokens), tokens)
 
     def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
         probs = target_logits.float().softmax(-1)
@@ -83,6 +81,11 @@ class GSD(ExactRule):
             return p_group.clamp(max=1.0)
         q_group = (draft_probs * group).sum(-1)
         return (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
+
+
+def _credited(target_probs: Tensor, group: Tensor, tokens: Tensor) -> Tensor:
+    """[N] target mass of each group [N, V] beyond its draft token."""
+    return (target_probs * group).sum(-1) - target_probs.gather(-1, tokens[:, None])[:, 0]
 
 
 def calibrate_distance(embeddings: Tensor, quantile: float = 0.05, sample: int = 2048) -> float:

@@ -10,6 +10,7 @@ from specmm.core.sampling import GREEDY
 from specmm.core.tree import DraftTree
 from specmm.image_ar import GuidedTarget, LlamaGen
 from specmm.image_ar.autoregressive import generate_ar
+from tests.image_ar.conftest import condition
 
 FIXTURES = Path("/work/shared/fixtures/llamagen")
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="LlamaGen fixtures not available")
@@ -29,18 +30,11 @@ def test_teacher_forced_logits_match_upstream(kind):
     torch.testing.assert_close(logits, expected["logits"], atol=1e-4, rtol=0)
 
 
-def _condition(target, conditions, cfg_scale, max_nodes):
-    """The public conditioning hook: an empty prompt plus conditions; returns image token 0's logits [B, V]."""
-    target.start(conditions.shape[0])
-    prompt = torch.zeros(conditions.shape[0], 0, dtype=torch.long)
-    return target.prefill(prompt, prompt, conditions=conditions, cfg_scale=cfg_scale, max_nodes=max_nodes).next_logits
-
-
 @pytest.mark.parametrize("kind", ["c2i", "t2i"])
 def test_cached_target_logits_match_upstream(kind):
     lg, expected = _load(kind)
     target = GuidedTarget(lg.gpt)
-    first = _condition(target, expected["cond"], 1.0, max_nodes=16)
+    first = condition(target, expected["cond"], 1.0, max_nodes=16)
     tokens = expected["tokens"]
     batch, n = tokens.shape
     chain = DraftTree(tokens=tokens, parents=torch.arange(n).expand(batch, n) - 1, depth=torch.arange(n).expand(batch, n),
@@ -54,7 +48,7 @@ def test_cached_target_logits_match_upstream(kind):
 def test_greedy_tokens_match_upstream_generate(kind, scale, key):
     lg, expected = _load(kind)
     target = GuidedTarget(lg.gpt)
-    first = _condition(target, expected["cond"], scale, max_nodes=1)
+    first = condition(target, expected["cond"], scale, max_nodes=1)
     assert torch.equal(generate_ar(target, first, 16, GREEDY), expected[key])
 
 
