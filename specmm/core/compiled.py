@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -60,18 +61,59 @@ def compile_failure(model: nn.Module) -> str | None:
     return None if found is None else found.failed
 
 
+def compile_static(fn, mode: str | None = None, backend: str | None = None):
+    """`torch.compile(fn, dynamic=False)` with the fast path's settings, under a code object of its own.
+
+    Dynamo keeps its graphs and guards per code object. A fresh copy of `fn`'s code per call site keeps the
+    target's, each drafter's and each helper's graphs apart: a call checks the guards of its own few graphs,
+    not of every graph made from the same source. Guards on nn-module attributes are skipped (the cost of a
+    compiled call is mostly guard checks on a small model), except those `module_guard_filter` keeps: compiled
+    mode assumes a model's module attributes are not changed between calls.
+    """
+    backend = backend or BACKEND
+    own = _own_code(fn)
+    options = {"guard_filter_fn": module_guard_filter}
+    if backend == "inductor" and mode is not None:
+        from torch._inductor import list_mode_options
+
+        options.update(list_mode_options(mode))
+    return torch.compile(own, dynamic=False, backend=backend, options=options)
+
+
+_KEPT_MODULE_GUARDS = ("EMPTY_NN_MODULE_HOOKS_DICT", "TENSOR_MATCH")
+
+
+def module_guard_filter(entries) -> list[bool]:
+    """Dynamo guard filter of compiled mode: drop the guards on a model's module attributes, which a model used
+    for inference does not change between calls (about 1,400 on a small Llama, most of a compiled call's
+    cost on a CPU), but keep those on hooks (specmm adds and removes a feature-capture hook per generation),
+    on parameters (shape, dtype, device), on `training`, and every guard on anything else."""
+    return [not entry.orig_guard.source.is_unspecialized_nn_module() or entry.guard_type in _KEPT_MODULE_GUARDS
+            or "hook" in entry.name or entry.name.endswith(".training") for entry in entries]
+
+
+def _own_code(fn):
+    """A copy of function (or bound method) `fn` whose code object is its own."""
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(_own_code(fn.__func__), fn.__self__)
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__, own.__dict__ = fn.__kwdefaults__, dict(fn.__dict__)
+    return own
+
+
+def raise_recompile_limits(limit: int = 64) -> None:
+    """One compiled callable may hold a graph per shape (batch widths, tree sizes): allow that many."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
+
+
 class CompiledForward:
     """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile."""
 
     def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor"):
         self.model, self.mode, self.backend = model, mode, backend
-        # every HF forward shares one wrapper code object, so its graphs (one per model and shape) share dynamo's
-        # per-code recompile limit: raise it, or the target's and drafters' shapes would soon fall back to eager
-        limit = max(torch._dynamo.config.recompile_limit, 64)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4 * limit)
-        self.compiled = torch.compile(model.forward, dynamic=False, mode=mode if backend == "inductor" else None,
-                                      backend=backend)
+        raise_recompile_limits()
+        self.compiled = compile_static(model.forward, mode, backend)
         self.failed: str | None = None  # why compilation failed, once it has
         self.shapes: set[tuple] = set()
 

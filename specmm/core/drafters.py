@@ -205,7 +205,8 @@ class ModelDrafter(RunnerOwner):
 class PromptLookupDrafter:
     """Copy the continuation of the latest earlier occurrence of the context's last n-gram (n = ngram..1).
 
-    Proposes a chain of up to min(k, chain length) tokens per row; rows with no match propose nothing.
+    Proposes a chain of min(k, chain length) tokens per row; a continuation that runs into the end of the
+    context repeats as an overlapping copy (the text since the match, again); rows with no match propose nothing.
     Drafts are point masses, so verification stays exact under sampling.
     """
 
@@ -246,8 +247,12 @@ class PromptLookupDrafter:
             match = (windows == suffix[:, None, :]).all(-1) & (begins[None, :] + n < self.lengths[:, None])
             found = torch.where(match, begins + n, -1).max(1).values
             start = torch.where((start < 0) & (self.lengths > n), found, start)
-        count = torch.where(start >= 0, (self.lengths - start).clamp(max=k), 0)  # [B]
-        index = (start.clamp_min(0)[:, None] + torch.arange(k, device=device)).clamp(max=width - 1)
+        # a continuation that reaches the context's end goes on as an overlapping copy (LZ77): the period
+        # lengths - start repeats, so a repeating pattern is drafted k deep, not cut at the end of the context
+        period = (self.lengths - start).clamp_min(1)  # [B]
+        count = torch.where(start >= 0, k, 0)  # [B]
+        steps = torch.arange(k, device=device)
+        index = (start.clamp_min(0)[:, None] + steps[None, :] % period[:, None]).clamp(max=width - 1)
         drafts = self.history.gather(1, index)  # [B, k]
         nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
         return DraftTree(tokens=torch.cat([roots[:, None], drafts], 1), parents=nodes - 1, depth=nodes.clone(),

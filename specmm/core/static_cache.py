@@ -17,6 +17,51 @@ from torch import Tensor
 from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
+from specmm.core.compiled import compile_static
+
+
+def round_mask(attend: Tensor, slots: Tensor, round_start: Tensor, round_length: int, lengths: Tensor) -> Tensor:
+    """[B, 1, n, S] bool: each of n new slots sees its row's committed slots and the round slots `attend`
+    [B, n, R + n] names (round slot r sits at physical slot round_start + r; R + n = round_length)."""
+    batch, n = attend.shape[:2]
+    relative = slots - round_start  # [S] index inside the round
+    inside = (relative >= 0) & (relative < round_length)
+    index = relative.clamp(0, max(round_length - 1, 0))
+    sees_round = attend.gather(2, index.expand(batch, n, -1)) & inside  # [B, n, S]
+    sees_committed = (slots[None, :] < lengths[:, None])[:, None, :]  # [B, 1, S]
+    return (sees_committed | sees_round)[:, None]
+
+
+def commit_slots(states: list[Tensor], cumulative: list[Tensor], lengths: Tensor, round_start: Tensor,
+                 slots: Tensor, counts: Tensor, longest: int) -> None:
+    """Move each row's kept round slots (`slots` [B, m], first counts[b] of row b) to the end of its committed
+    region in every key/value buffer of `states` ([B, H, S, Dh] each), then update `lengths` [B], the round
+    start and each layer's `cumulative` length in place (rows are held at `longest`)."""
+    batch, m = slots.shape
+    if m and states:
+        source = round_start + slots  # [B, m]
+        target = (lengths[:, None] + torch.arange(m, device=slots.device)).clamp(max=states[0].shape[2] - 1)
+        for buffer in states:
+            heads, dim = buffer.shape[1], buffer.shape[3]
+            kept = buffer.gather(2, source[:, None, :, None].expand(batch, heads, m, dim))
+            buffer.scatter_(2, target[:, None, :, None].expand(batch, heads, m, dim), kept)
+    # live rows never reach `longest` (the plan reserves their budget); rows that stopped but stay in a
+    # compiled batch keep committing their root and are held there, their slots being junk nobody reads
+    torch.clamp(lengths + counts, max=longest, out=lengths)
+    round_start.copy_(lengths.max() if lengths.numel() else 0)
+    for length in cumulative:
+        length.copy_(round_start)
+
+
+_COMPILED_HELPERS: dict[str, object] = {}
+
+
+def compiled_helper(fn):
+    """`fn` compiled once per process (static shapes), for the bookkeeping of compiled rounds."""
+    found = _COMPILED_HELPERS.get(fn.__name__)
+    if found is None:
+        found = _COMPILED_HELPERS[fn.__name__] = compile_static(fn)
+    return found
 
 
 def static_cache_length(needed: int, bucket: int = 128) -> int:
@@ -27,7 +72,8 @@ def static_cache_length(needed: int, bucket: int = 128) -> int:
 class StaticRowCache(RowCache):
     """Per-row lengths and an open round over a `Cache` of `StaticLayer`s with `max_len` slots."""
 
-    def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int, reserve: int = 0):
+    def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int, reserve: int = 0,
+                 compile: bool = False):
         self.cache = Cache(layers=[StaticLayer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
         self.longest = max_len - reserve  # a row's committed length never passes this: one round always fits
@@ -36,6 +82,9 @@ class StaticRowCache(RowCache):
         self.slots = torch.arange(max_len, device=device)  # [S]
         self._round_positions: list[Tensor] = []
         self._round_attend: Tensor | None = None
+        # compiled mode runs the round's masks and commits as compiled graphs too (a few eager ops each)
+        self._compiled = (compiled_helper(round_mask), compiled_helper(commit_slots)) if compile else None
+        self._fast_round = False  # whether the open round's masks and commit run compiled
 
     @property
     def committed_length(self) -> int:
@@ -56,23 +105,24 @@ class StaticRowCache(RowCache):
         inside = (relative >= 0) & (relative < self.round_length)
         return relative.clamp(0, max(self.round_length - 1, 0)), inside
 
-    def open_slots(self, positions: Tensor, attend: Tensor) -> Tensor:
+    def open_slots(self, positions: Tensor, attend: Tensor, fast: bool = False) -> Tensor:
         """Register n new round slots; returns the [B, 1, n, S] bool mask for running them.
 
         positions: [B, n]; attend: [B, n, R + n] which round slots (earlier ones, then the new) each sees.
+        fast: the round (opened by this call) runs its masks and commit compiled, when this cache compiles:
+        rounds of a few shapes (trees, pending tokens), not prefills, whose every prompt length is a shape.
         """
         batch, n = positions.shape
         if self.round_length == 0:  # a round opens: its slots start at P
+            self._fast_round = fast and self._compiled is not None
             for layer in self.cache.layers:
                 layer.cumulative_length.copy_(self.round_start)
         self._round_positions.append(positions)
         previous = self._round_attend
         self._round_attend = attend if previous is None else torch.cat(
             [torch.cat([previous, attend.new_zeros(batch, previous.shape[1], n)], -1), attend], 1)
-        index, inside = self._round_index()
-        sees_round = attend.gather(2, index.expand(batch, n, -1)) & inside  # [B, n, S]
-        sees_committed = (self.slots[None, :] < self.lengths[:, None])[:, None, :]  # [B, 1, S]
-        return (sees_committed | sees_round)[:, None]
+        mask = self._compiled[0] if self._fast_round else round_mask
+        return mask(attend, self.slots, self.round_start, self.round_length, self.lengths)
 
     def windowed(self, mask: Tensor, window: int) -> Tensor:
         """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
@@ -86,21 +136,13 @@ class StaticRowCache(RowCache):
     def commit(self, slots: Tensor, counts: Tensor) -> None:
         """Keep round slots `slots[b, :counts[b]]` for row b (in that order); drop the rest of the round."""
         slots = slots[:, : self.round_length]
-        batch, m = slots.shape
-        if m:
-            source = self.round_start + slots  # [B, m]
-            target = (self.lengths[:, None] + torch.arange(m, device=slots.device)).clamp(max=self.max_len - 1)
-            for layer in self.cache.layers:
-                if not layer.is_initialized:
-                    continue
-                for states in (layer.keys, layer.values):  # [B, H, S, Dh]
-                    heads, dim = states.shape[1], states.shape[3]
-                    kept = states.gather(2, source[:, None, :, None].expand(batch, heads, m, dim))
-                    states.scatter_(2, target[:, None, :, None].expand(batch, heads, m, dim), kept)
-        # live rows never reach `longest` (the plan reserves their budget); rows that stopped but stay in a
-        # compiled batch keep committing their root and are held there, their slots being junk nobody reads
-        torch.clamp(self.lengths + counts, max=self.longest, out=self.lengths)
-        self._close_round()
+        layers = [layer for layer in self.cache.layers if layer.is_initialized]
+        commit = self._compiled[1] if self._fast_round else commit_slots
+        commit([t for layer in layers for t in (layer.keys, layer.values)],
+                     [layer.cumulative_length for layer in self.cache.layers], self.lengths, self.round_start,
+                     slots.contiguous(), counts, self.longest)
+        self._round_positions = []
+        self._round_attend = None
 
     def rollback(self) -> None:
         """Drop every round slot."""

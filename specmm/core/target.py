@@ -87,7 +87,8 @@ class ModelRunner:
             self.cache = RowCache(batch, model_device(model))
         else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
             layers = model.config.get_text_config().num_hidden_layers
-            self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve)
+            self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve,
+                                        compile=static.compile)
             self.compiled = compiled_forward(model, static.mode) if static.compile else None
         self.capture = capture
         self._captured: Tensor | None = None
@@ -114,7 +115,9 @@ class ModelRunner:
         forward and cuts tree nodes past each row's budget), and a worse draft there costs nothing but speed."""
         if self.position_limit is not None:
             positions = positions.clamp(max=self.position_limit - 1)
-        full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend)
+        # prefills (logits_to_keep, or the first forward) stay eager: one shape per prompt length
+        fast = self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated
+        full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend, fast=fast)
         if self.layout == "full":
             mask = self._format(full)
         elif self.layout == "sliding":
@@ -122,9 +125,7 @@ class ModelRunner:
         else:  # one mask per layer type, as HF models with mixed layers accept
             mask = {"full_attention": self._format(full),
                     "sliding_attention": self._format(self.cache.windowed(full, self.window))}
-        call = self.model
-        if self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated:
-            call = self.compiled  # prefills (logits_to_keep, or the first forward) stay eager: one shape each
+        call = self.compiled if fast else self.model
         return call(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache, use_cache=True,
                     **inputs)
 

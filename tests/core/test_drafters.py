@@ -30,13 +30,22 @@ def test_prompt_lookup_copies_the_latest_match_of_the_longest_ngram():
     assert tree.valid.tolist() == [[True, True, True, True], [True, False, False, False]]
 
 
-def test_prompt_lookup_falls_back_to_shorter_ngrams_and_stops_at_the_context_end():
+def test_prompt_lookup_falls_back_to_shorter_ngrams_and_repeats_past_the_context_end():
     drafter = PromptLookupDrafter(ngram=3, k=4)
     ids = torch.tensor([[1, 2, 3, 9, 2, 3]])  # "9 2 3" and "2 3"... only "3" -> continuation after 2nd-to-last 3
     drafter.start(ids, torch.ones_like(ids), None)
     tree = drafter.draft(ids[:, -1], specmm.TreeSpec.chain(4), specmm.SamplingConfig(0.0), None)
-    # "2 3" occurs at positions 1-2, followed by 9 2 3 (3 tokens until the end of the context)
-    assert tree.tokens[0, 1:4].tolist() == [9, 2, 3] and tree.valid[0].tolist() == [True, True, True, True, False]
+    # "2 3" occurs at positions 1-2, followed by 9 2 3 until the end of the context; the copy then overlaps
+    # itself (period 3), so the fourth draft is 9 again
+    assert tree.tokens[0, 1:].tolist() == [9, 2, 3, 9] and tree.valid[0].tolist() == [True] * 5
+
+
+def test_prompt_lookup_drafts_a_short_loop_k_deep():
+    drafter = PromptLookupDrafter(ngram=2, k=5)
+    ids = torch.tensor([[4, 7, 8, 7, 8, 7, 8]])  # latest earlier "7 8" is two back: the loop 7 8 goes on
+    drafter.start(ids, torch.ones_like(ids), None)
+    tree = drafter.draft(ids[:, -1], specmm.TreeSpec.chain(5), specmm.SamplingConfig(0.0), None)
+    assert tree.tokens[0, 1:].tolist() == [7, 8, 7, 8, 7] and bool(tree.valid.all())
 
 
 def test_prompt_lookup_takes_int32_ids():
