@@ -1,4 +1,4 @@
-"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning`, `caption`,
+"""The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning|suite`, `caption`,
 `train-drafter`, `sample-images`, `sample-continuous`, `reason`.
 
 The CLI sits on top of the library: one submodule per command group (`zoo`, `bench`, `vlm`, `images`,
@@ -19,7 +19,7 @@ import sys
 import traceback
 
 import specmm
-from specmm.cli import bench, continuous, demo, images, reason, vlm, zoo
+from specmm.cli import bench, continuous, demo, images, reason, suite, vlm, zoo
 
 
 def _add_verbose_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     images.add_parser(sub)  # sample-images
     continuous.add_parser(sub)  # sample-continuous
     reason.add_parsers(sub, bench_sub)  # `reason`, `bench reasoning`
+    suite.add_parser(bench_sub)  # `bench suite`
     _add_verbose_everywhere(parser)
     return parser
 

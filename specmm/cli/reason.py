@@ -62,6 +62,8 @@ def add_parsers(sub, bench_sub) -> None:
     bench.add_argument("--problems", type=positive_int, nargs="+", help="problems per batch size (default 64 64 128)")
     bench.add_argument("--specreason-thresholds", type=float_range(0.0, 9.0), nargs="+", default=[3.0, 6.0, 8.0])
     bench.add_argument("--arbitrage-thresholds", type=float_range(0.0, 1.0), nargs="+", default=[0.2, 0.5, 0.8])
+    bench.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per completion at most")
+    bench.add_argument("--max-step-tokens", type=positive_int, default=12, help="tokens per reasoning step at most")
     bench.add_argument("--compile", action="store_true",
                        help="also run the token-level SD row in compiled mode (warm-up on every batch; compile time "
                        "reported apart)")
@@ -245,7 +247,8 @@ def cmd_bench_reasoning(args) -> int:
         raise ValueError("--problems: give one positive count per --batch-sizes entry")
     setup = ReasoningBenchSetup(batch_sizes=tuple(args.batch_sizes), problems=dict(zip(args.batch_sizes, problems)),
                                 specreason_thresholds=tuple(args.specreason_thresholds),
-                                arbitrage_thresholds=tuple(args.arbitrage_thresholds), compile=args.compile)
+                                arbitrage_thresholds=tuple(args.arbitrage_thresholds), compile=args.compile,
+                                max_new_tokens=args.max_new_tokens, max_step_tokens=args.max_step_tokens)
     models = chainarith.load(zoo.build("chainarith", args.scale), device=device)
     record = models.record
     description = {"models": f"zoo chainarith-{args.scale}",

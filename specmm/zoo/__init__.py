@@ -96,6 +96,18 @@ def _problems(entry: ZooEntry, dest: Path, scale: str, seed: int, check_hashes: 
     return found
 
 
+def training_device(recipe) -> torch.device:
+    """Where a recipe trains: the first `device` any of its training configs names (GPU recipes), else the CPU."""
+    if isinstance(recipe, dict):
+        if isinstance(recipe.get("device"), str):
+            return torch.device(recipe["device"])
+        for value in recipe.values():
+            device = training_device(value)
+            if device.type != "cpu":
+                return device
+    return torch.device("cpu")
+
+
 def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, progress: bool = True) -> Path:
     """Train `name` at `scale` with `seed` unless an intact, current build of that seed exists (each seed has its
     own folder); resumes from checkpoints after a kill. A second concurrent build of the same folder is refused
@@ -122,7 +134,7 @@ def build(name: str, scale: str = "cpu", *, seed: int = 0, force: bool = False, 
         record = entry.build(dest, recipe, seed, progress)
         record = {"name": name, "scale": scale, "version": entry.version, "seed": seed, "recipe": recipe, **record,
                   "wall_time_s": round(time.perf_counter() - started, 1), "resumed_from_checkpoint": resumed,
-                  "machine": machine_info(torch.device("cpu"))}
+                  "machine": machine_info(training_device(recipe))}
         write_manifest(dest, record)
         shutil.rmtree(dest / WORK, ignore_errors=True)
     return dest

@@ -26,6 +26,7 @@ from transformers import (
 
 from specmm.jobs import atomic_writer
 from specmm.zoo.lm_training import (
+    GPU_TRAINING,
     LMTrainConfig,
     heldout_loss,
     save_trained_lm,
@@ -60,17 +61,21 @@ RECIPES = {
                 draft_train=dict(steps=250, batch_size=16, seq_len=256, lr=3e-3, warmup_steps=30,
                                  checkpoint_every=50),
                 eval=dict(windows=48, seq_len=256, prompts=64, prompt_tokens=64, new_tokens=32)),
-    # for the GPU benchmarks
+    # the `core` step of `specmm bench suite` on one H100, build + bench <= 9 minutes. Target ~158M params (1024 wide,
+    # 12 layers, GQA 16/8 heads), 1500 steps x 64 x 512 = 49M tokens: 6 x 158M x 49M = 4.7e16 FLOPs, ~2 min at
+    # 400 TFLOP/s. Draft ~9M params (1/17 of the target, as a small same-family draft model is sized against its
+    # target in the SD papers), 1500 steps: <1 min (small models are overhead-bound). Tokenizer, encoding and the
+    # CPU-side evaluation ~1.5 min: the build ~4.5 min, leaving ~4 for the bench (compiled rows included).
     "gpu": dict(vocab_size=8192, tokenizer_chars=20_000_000, include_tests=True, max_files=None, max_positions=2048,
-                target=dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
+                target=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=8,
                             intermediate_size=2816),
-                draft=dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                           intermediate_size=704),
-                target_train=dict(steps=6000, batch_size=32, seq_len=512, lr=1e-3, warmup_steps=200,
-                                  checkpoint_every=250),
-                draft_train=dict(steps=6000, batch_size=32, seq_len=512, lr=2e-3, warmup_steps=200,
-                                 checkpoint_every=500),
-                eval=dict(windows=256, seq_len=512, prompts=256, prompt_tokens=128, new_tokens=64)),
+                draft=dict(hidden_size=384, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                           intermediate_size=1024),
+                target_train=dict(steps=1500, batch_size=64, seq_len=512, lr=1e-3, warmup_steps=100,
+                                  checkpoint_every=250, **GPU_TRAINING),
+                draft_train=dict(steps=1500, batch_size=64, seq_len=512, lr=2e-3, warmup_steps=100,
+                                 checkpoint_every=500, **GPU_TRAINING),
+                eval=dict(windows=64, seq_len=512, prompts=64, prompt_tokens=128, new_tokens=32)),
 }
 
 

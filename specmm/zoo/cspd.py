@@ -31,13 +31,14 @@ from specmm.image_ar.continuous.latents import decode, encode
 from specmm.image_ar.continuous.metrics import ImageFeatures, to_unit_range
 from specmm.jobs import atomic_writer
 from specmm.zoo.class_images import CLASSES, class_dataset
-from specmm.zoo.lm_training import LMTrainConfig, train_causal_lm
+from specmm.zoo.lm_training import GPU_TRAINING_EAGER, LMTrainConfig, train_causal_lm
 
 logger = logging.getLogger(__name__)
 
 
-def _train(steps, batch_size, lr, warmup=20, every=50) -> dict:
-    return {"steps": steps, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup, "checkpoint_every": every}
+def _train(steps, batch_size, lr, warmup=20, every=50, **gpu) -> dict:
+    return {"steps": steps, "batch_size": batch_size, "lr": lr, "warmup_steps": warmup, "checkpoint_every": every,
+            **gpu}
 
 
 RECIPES = {
@@ -69,16 +70,22 @@ RECIPES = {
         "distill_train": _train(3000, 32, 2e-3), "classifier_train": _train(150, 64, 2e-3),
         "classifier": "test_resnet", "eval_images": 20,
     },
-    "gpu": {  # untested here: 64 px -> 8x8 tokens of 8 channels, MAR-B-like target
+    # the `cspd` step on one H100 (untested: no GPU run yet): 64 px -> 8x8 tokens of 8 channels. Target ~90M params
+    # (12 layers, 768 wide, + its denoising head), 4000 steps x 128 images x 64 tokens x 4 head repeats: ~2e15 FLOPs
+    # for the backbone, the DDPM heads a few times more: ~1.5 min; VAE 2000 steps of 64 images ~1 min; classifier and
+    # draft ~1.5 min; bf16 autocast + fused AdamW, eager (diffusers' VAE and the head loss draw from a generator).
+    "gpu": {
         "image_size": 64, "per_class": 1000, "heldout_per_class": 50, "kl_weight": 1e-5, "head_repeats": 4,
         "vae": {"block_out_channels": [64, 128, 256, 256], "latent_channels": 8, "norm_num_groups": 32},
         "target": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "head_width": 1024, "head_depth": 6,
                    "diffusion_steps": 8},
         "draft": {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "head_width": 256, "head_depth": 2,
                   "diffusion_steps": 8},
-        "vae_train": _train(8000, 64, 1e-3, 200, 500), "target_train": _train(20000, 128, 4e-4, 500, 1000),
-        "draft_train": _train(20000, 128, 1e-3, 500, 1000), "classifier_train": _train(3000, 128, 1e-3, 100, 500),
-        "distill_train": _train(10000, 128, 5e-4, 200, 1000),
+        "vae_train": _train(2000, 64, 1e-3, 100, 500, **GPU_TRAINING_EAGER),
+        "target_train": _train(4000, 128, 4e-4, 200, 1000, **GPU_TRAINING_EAGER),
+        "draft_train": _train(3000, 128, 1e-3, 200, 1000, **GPU_TRAINING_EAGER),
+        "classifier_train": _train(1000, 128, 1e-3, 100, 500, **GPU_TRAINING_EAGER),
+        "distill_train": _train(2000, 128, 5e-4, 100, 1000, **GPU_TRAINING_EAGER),
         "classifier": "resnet18", "eval_images": 256,
     },
 }

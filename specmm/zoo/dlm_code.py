@@ -23,7 +23,7 @@ from specmm.diffusion_lm.training import (
     masked_diffusion_loss,
 )
 from specmm.zoo import code
-from specmm.zoo.lm_training import LMTrainConfig, train_causal_lm
+from specmm.zoo.lm_training import GPU_TRAINING, LMTrainConfig, train_causal_lm
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +41,14 @@ RECIPES = {
             "train": {"steps": 700, "batch_size": 16, "seq_len": 96, "lr": 3e-3, "warmup_steps": 20,
                       "checkpoint_every": 25},
             "eval": {"windows": 32, "seq_len": 96, "prompts": 32, "prompt_tokens": 32, "continuation_tokens": 64}},
-    # for the GPU benchmarks
+    # the `dlm` step on one H100 (untested: no GPU run yet): ~88M params (768 wide, 12 layers), 1500 steps x 32 x 512
+    # = 25M tokens: 6 x 88M x 25M = 1.3e16 FLOPs, ~35 s at 400 TFLOP/s (~1.5 min with overheads). code-gpu (its
+    # tokenizer, and the AR judge) comes from `core` on a warm machine, else adds ~4.5 min.
     "gpu": {"code_scale": "gpu", "max_sequence_length": 2048,
-            "model": {"d_model": 1024, "n_heads": 16, "n_kv_heads": 8, "n_layers": 16, "mlp_hidden_size": 2816},
-            "train": {"steps": 8000, "batch_size": 32, "seq_len": 512, "lr": 1e-3, "warmup_steps": 200,
-                      "checkpoint_every": 250},
-            "eval": {"windows": 256, "seq_len": 512, "prompts": 128, "prompt_tokens": 128,
+            "model": {"d_model": 768, "n_heads": 12, "n_kv_heads": 4, "n_layers": 12, "mlp_hidden_size": 2048},
+            "train": {"steps": 1500, "batch_size": 32, "seq_len": 512, "lr": 1e-3, "warmup_steps": 100,
+                      "checkpoint_every": 250, **GPU_TRAINING},
+            "eval": {"windows": 64, "seq_len": 512, "prompts": 64, "prompt_tokens": 128,
                      "continuation_tokens": 256}},
 }
 

@@ -3,12 +3,17 @@
 The batch of step s is a pure function of (seed, s) (`make_batch(step)`), and checkpoints hold the model,
 optimiser, schedule and loss history; so a run killed at any point and resumed from its last checkpoint
 ends with exactly the weights of an uninterrupted run.
+
+GPU recipes add `device` (train there, then hand the model back where it was, so a builder's evaluation code
+is unchanged), `precision="bfloat16"` (autocast), `fused` (fused AdamW) and `compile` (a compiled forward + loss);
+left at their defaults, as every CPU recipe leaves them, training runs exactly as before.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +42,20 @@ class LMTrainConfig:
     grad_clip: float = 1.0
     checkpoint_every: int = 50
     seed: int = 0
+    device: str | None = None  # None: where the model is
+    precision: str = "float32"  # or "bfloat16": autocast on the training device, weights and optimiser in fp32
+    fused: bool = False  # fused AdamW (CUDA)
+    compile: bool = False  # torch.compile the forward + loss (fixed batch shapes: compiles once)
 
+    def __post_init__(self) -> None:
+        if self.precision not in ("float32", "bfloat16"):
+            raise ValueError(f"precision: expected float32 or bfloat16, got {self.precision!r}")
+
+
+# What every `gpu` recipe's training adds (H100 budget: each suite step, build included, within 9 minutes; the
+# recipes' time estimates assume ~400 TFLOP/s of bf16 for 6 x parameters x tokens training FLOPs).
+GPU_TRAINING = dict(device="cuda", precision="bfloat16", fused=True, compile=True)
+GPU_TRAINING_EAGER = {**GPU_TRAINING, "compile": False}  # models whose training forward does not compile cleanly
 
 IGNORE = -100  # label of positions that carry no loss
 
@@ -87,10 +105,15 @@ def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tens
     Resumes from `workdir/checkpoint.pt`. Returns the losses of all steps, resumed ones included.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    home = next(model.parameters()).device
+    if config.device is not None:
+        model.to(config.device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    fused = {"fused": True} if config.fused else {}  # absent, not False: the CPU path builds the same optimiser
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95),
+                                  **fused)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
     losses: list[float] = []
     start = 0
@@ -104,9 +127,10 @@ def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tens
         logger.info("%s: resuming at step %d of %d", desc, start, config.steps)
     device = next(model.parameters()).device
     model.train()
+    step_loss = _step_loss(model, loss_fn, config, device)
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, desc=desc, disable=not progress)
     for step in bar:
-        loss = loss_fn(model, {k: v.to(device) for k, v in make_batch(step).items()})
+        loss = step_loss({k: v.to(device, non_blocking=True) for k, v in make_batch(step).items()})
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -123,7 +147,21 @@ def train_causal_lm(model: nn.Module, make_batch: Callable[[int], dict[str, Tens
         if after_step is not None:
             after_step(done)
     model.eval()
+    model.to(home)
     return losses
+
+
+def _step_loss(model: nn.Module, loss_fn, config: LMTrainConfig, device: torch.device):
+    """The loss of one batch as the config asks: plain (CPU recipes), under bf16 autocast, and/or compiled."""
+    if config.precision == "float32" and not config.compile:
+        return lambda batch: loss_fn(model, batch)
+
+    def step(batch):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bfloat16"):
+            return loss_fn(model, batch)
+
+    backend = os.environ.get("SPECMM_COMPILE_BACKEND", "inductor")  # as specmm.core.compiled: tests use aot_eager
+    return torch.compile(step, backend=backend) if config.compile else step
 
 
 def save_trained_lm(model: nn.Module, tokenizer, folder: Path, losses: list[float], config: LMTrainConfig,

@@ -11,7 +11,7 @@ import pytest
 from specmm.cli import build_parser
 
 COMMANDS = {"demo", "zoo", "bench", "train-drafter", "caption", "sample-images", "sample-continuous", "reason"}
-BENCHES = {"core", "vlm", "ssm", "image_ar", "cspd", "dlm", "reasoning"}
+BENCHES = {"core", "vlm", "ssm", "image_ar", "cspd", "dlm", "reasoning", "suite"}
 
 
 def _choices(parser: argparse.ArgumentParser) -> dict:
@@ -25,6 +25,7 @@ def test_every_command_and_benchmark_is_registered_with_a_handler():
     for name, parser in commands.items():
         assert callable(parser.get_default("func")), name
     assert _choices(commands["bench"])["reasoning"].get_default("func").__name__ == "cmd_bench_reasoning"
+    assert _choices(commands["bench"])["suite"].get_default("func").__name__ == "cmd_bench_suite"
 
 
 def test_python_m_specmm_cli_prints_help(monkeypatch, capsys):
