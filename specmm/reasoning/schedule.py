@@ -324,9 +324,10 @@ class RowScheduler:
         """Each row's next token from its own generator: (tokens, log-probs, entropies) [b]."""
         bad = nonfinite_rows(logits)
         if bool(bad.any()):
-            owner = self.states[model].owner
-            raise NonFiniteError(nonfinite_message(owner.model, "a token of a reasoning step",
-                                                   [rows[i].index for i in bad.nonzero().flatten().tolist()]))
+            which = bad.nonzero().flatten().tolist()
+            token = int(self.end.lengths[self._slots([rows[i] for i in which])].min())
+            raise NonFiniteError(nonfinite_message(self.states[model].owner.model, f"token {token} of a reasoning "
+                                                   "step", sorted(rows[i].index for i in which)))
         sampling = self.limits.sampling
         probs = process_logits(logits, sampling)
         gens = self.draft_gens if model == "draft" else self.target_gens
