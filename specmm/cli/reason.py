@@ -63,10 +63,17 @@ def add_parsers(sub, bench_sub) -> None:
     reason.set_defaults(func=cmd_reason)
 
     bench = bench_sub.add_parser("reasoning", help="ChainArith: target/draft-only, SpecReason, Arbitrage, random, "
-                                 "token-level SD; accuracy vs measured latency")
+                                 "token-level SD, lockstep and asynchronous; accuracy vs measured throughput")
     bench.add_argument("--scale", default="cpu")
-    bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64])
-    bench.add_argument("--problems", type=positive_int, nargs="+", help="problems per batch size (default 64 64 128)")
+    bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64, 256])
+    bench.add_argument("--problems", type=positive_int, nargs="+",
+                       help="problems per batch size (default 64 64 128 512, else twice the batch)")
+    bench.add_argument("--schedules", nargs="+", choices=("lockstep", "async"), default=["lockstep", "async"],
+                       help="schedules of the step-level rows (target-only always runs in both)")
+    bench.add_argument("--no-refill", action="store_true",
+                       help="asynchronous rows do not refill finished rows from the waiting problems")
+    bench.add_argument("--round-batches", type=positive_int, default=4,
+                       help="batches of problems per interleaved round (what refill draws on)")
     bench.add_argument("--specreason-thresholds", type=float_range(0.0, 9.0), nargs="+", default=[3.0, 6.0, 8.0])
     bench.add_argument("--arbitrage-thresholds", type=float_range(0.0, 1.0), nargs="+", default=[0.2, 0.5, 0.8])
     bench.add_argument("--compile", action="store_true",
@@ -247,12 +254,14 @@ def cmd_bench_reasoning(args) -> int:
     from specmm.zoo import chainarith
 
     device = torch.device(args.device)
-    problems = args.problems or [{1: 64, 8: 64, 64: 128}.get(b, 2 * b) for b in args.batch_sizes]
+    problems = args.problems or [{1: 64, 8: 64, 64: 128, 256: 512}.get(b, 2 * b) for b in args.batch_sizes]
     if len(problems) != len(args.batch_sizes) or min(problems) < 1 or min(args.batch_sizes) < 1:
         raise ValueError("--problems: give one positive count per --batch-sizes entry")
     setup = ReasoningBenchSetup(batch_sizes=tuple(args.batch_sizes), problems=dict(zip(args.batch_sizes, problems)),
                                 specreason_thresholds=tuple(args.specreason_thresholds),
-                                arbitrage_thresholds=tuple(args.arbitrage_thresholds), compile=args.compile)
+                                arbitrage_thresholds=tuple(args.arbitrage_thresholds), compile=args.compile,
+                                schedules=tuple(dict.fromkeys(args.schedules)), refill=not args.no_refill,
+                                round_batches=args.round_batches)
     models = chainarith.load(zoo.build("chainarith", args.scale), device=device)
     record = models.record
     description = {"models": f"zoo chainarith-{args.scale}",

@@ -13,7 +13,7 @@ from specmm.reasoning.router import RouterConfig, StepRouter
 from tests.reasoning.helpers import ContentRouting, Forced, by_parity, judge, models, prompts, step_ids
 
 SAMPLINGS = {"greedy": (SamplingConfig(0.0), None), "sampled": (SamplingConfig(0.9, top_k=12), 11)}
-MAX_NEW, STEP_BUDGET, BATCH = 24, 5, 3
+MAX_NEW, STEP_BUDGET, BATCH = 20, 5, 3
 
 
 def router() -> StepRouter:
