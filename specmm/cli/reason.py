@@ -24,6 +24,7 @@ from specmm.cli.common import (
 )
 
 POLICIES = ("target-only", "draft-only", "specreason", "arbitrage", "random")
+REFILL_GROUP = 4  # with --refill, each generate call takes this many batches of prompts (journalled together)
 
 
 def add_parsers(sub, bench_sub) -> None:
@@ -45,7 +46,13 @@ def add_parsers(sub, bench_sub) -> None:
     reason.add_argument("--max-step-tokens", type=positive_int, default=256)
     reason.add_argument("--max-new-tokens", type=positive_int, default=1024)
     reason.add_argument("--temperature", type=temperature_arg, default=0.0)
-    reason.add_argument("--batch-size", type=positive_int, default=8)
+    reason.add_argument("--batch-size", type=positive_int, default=8, help="rows in flight")
+    reason.add_argument("--schedule", choices=("lockstep", "async"), default="lockstep",
+                        help="lockstep: a batch advances one step at a time; async: every row advances on its own "
+                        "(same rollouts row by row)")
+    reason.add_argument("--refill", action="store_true",
+                        help="with --schedule async: a waiting prompt joins as each row finishes (continuous "
+                        f"batching; rollouts are written every {REFILL_GROUP} batches)")
     reason.add_argument("--seed", type=nonnegative_int, default=0)
     reason.add_argument("--scale", default="cpu")
     reason.add_argument("--device", type=device_arg, default=default_device())
@@ -56,10 +63,17 @@ def add_parsers(sub, bench_sub) -> None:
     reason.set_defaults(func=cmd_reason)
 
     bench = bench_sub.add_parser("reasoning", help="ChainArith: target/draft-only, SpecReason, Arbitrage, random, "
-                                 "token-level SD; accuracy vs measured latency")
+                                 "token-level SD, lockstep and asynchronous; accuracy vs measured throughput")
     bench.add_argument("--scale", default="cpu")
-    bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64])
-    bench.add_argument("--problems", type=positive_int, nargs="+", help="problems per batch size (default 64 64 128)")
+    bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64, 256])
+    bench.add_argument("--problems", type=positive_int, nargs="+",
+                       help="problems per batch size (default 64 64 128 512, else twice the batch)")
+    bench.add_argument("--schedules", nargs="+", choices=("lockstep", "async"), default=["lockstep", "async"],
+                       help="schedules of the step-level rows (target-only always runs in both)")
+    bench.add_argument("--no-refill", action="store_true",
+                       help="asynchronous rows do not refill finished rows from the waiting problems")
+    bench.add_argument("--round-batches", type=positive_int, default=4,
+                       help="batches of problems per interleaved round (what refill draws on)")
     bench.add_argument("--specreason-thresholds", type=float_range(0.0, 9.0), nargs="+", default=[3.0, 6.0, 8.0])
     bench.add_argument("--arbitrage-thresholds", type=float_range(0.0, 1.0), nargs="+", default=[0.2, 0.5, 0.8])
     bench.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per completion at most")
@@ -159,8 +173,10 @@ def cmd_reason(args) -> int:
     from specmm.core.context import check_budget, context_limit, context_problem
     from specmm.core.sampling import SamplingConfig
     from specmm.jobs import Job, Journal, pending_batches
-    from specmm.reasoning import RandomRouting, StepSpeculator
+    from specmm.reasoning import StepSpeculator
 
+    if args.refill and args.schedule != "async":
+        raise ValueError("--refill: waiting prompts join a running batch only with --schedule async")
     out = Path(args.out)
     if out.is_dir():
         raise ValueError(f"--out: {out} is a folder, expected a .jsonl file")
@@ -183,9 +199,7 @@ def cmd_reason(args) -> int:
     settings = {"policy": spec.policy.name, "judge": args.judge, "delimiter": repr(delimiter),
                 "max_step_tokens": args.max_step_tokens, "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "seed": args.seed, **prints}
-    random_policy = isinstance(policy, RandomRouting)
-    if random_policy:  # its random stream is drawn per batch: the batches are part of the job
-        settings["batch_size"] = args.batch_size
+    # every row draws from its own generators (random routing too): batches and schedule leave rollouts unchanged
 
     keys = item_keys(prompts)
     kept = checked = new = 0
@@ -206,15 +220,15 @@ def cmd_reason(args) -> int:
                 fits.append(i)
         journal.append(errors)
         done.update((r["key"], r) for r in errors)
-        batches = pending_batches(fits, args.batch_size, lambda i: keys[i] in done)
+        group = args.batch_size * (REFILL_GROUP if args.refill else 1)
+        batches = pending_batches(fits, group, lambda i: keys[i] in done)
         for rows in tqdm(batches, desc=f"reason {spec.policy.name}", unit="batch"):
-            if random_policy:
-                spec.policy.generator.manual_seed(item_seed(args.seed, keys[rows[0]]))
             batch = spec.generate([prompts[i] for i in rows], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                  seed=[item_seed(args.seed, keys[i]) for i in rows])
+                                  seed=[item_seed(args.seed, keys[i]) for i in rows], schedule=args.schedule,
+                                  batch_size=args.batch_size, refill=args.refill)
             records = []
             for j, i in enumerate(rows):
-                if keys[i] in done:  # done before a resume; re-run only so its batch-mates match a fresh run
+                if keys[i] in done:  # done before a resume (rows are independent: re-running it changes nothing)
                     continue
                 decisions = batch.decisions[j]
                 kept += sum(d for d in decisions if d is not None)
@@ -242,13 +256,15 @@ def cmd_bench_reasoning(args) -> int:
     from specmm.zoo import chainarith
 
     device = torch.device(args.device)
-    problems = args.problems or [{1: 64, 8: 64, 64: 128}.get(b, 2 * b) for b in args.batch_sizes]
+    problems = args.problems or [{1: 64, 8: 64, 64: 128, 256: 512}.get(b, 2 * b) for b in args.batch_sizes]
     if len(problems) != len(args.batch_sizes) or min(problems) < 1 or min(args.batch_sizes) < 1:
         raise ValueError("--problems: give one positive count per --batch-sizes entry")
     setup = ReasoningBenchSetup(batch_sizes=tuple(args.batch_sizes), problems=dict(zip(args.batch_sizes, problems)),
                                 specreason_thresholds=tuple(args.specreason_thresholds),
                                 arbitrage_thresholds=tuple(args.arbitrage_thresholds), compile=args.compile,
-                                max_new_tokens=args.max_new_tokens, max_step_tokens=args.max_step_tokens)
+                                max_new_tokens=args.max_new_tokens, max_step_tokens=args.max_step_tokens,
+                                schedules=tuple(dict.fromkeys(args.schedules)), refill=not args.no_refill,
+                                round_batches=args.round_batches)
     models = chainarith.load(zoo.build("chainarith", args.scale), device=device)
     record = models.record
     description = {"models": f"zoo chainarith-{args.scale}",

@@ -3,13 +3,17 @@ in `StepSpeculator`. `decide(view)` returns per-row scores and which draft steps
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from specmm.core.sampling import SamplingConfig
 from specmm.reasoning.judge import SCORE_METHODS, JudgeTemplate
+
+ORACLE_SAMPLING = SamplingConfig(1.0)  # target samples for oracle advantages need spread
 
 
 @runtime_checkable
@@ -21,6 +25,7 @@ class StepView(Protocol):
     target_steps: Tensor  # [B] of those, written by the target
     last_by_target: Tensor  # [B] bool: previous step written by the target
     budget: Tensor  # [B] step token budget
+    row_keys: list[int]  # [B] each row's own key (its seed, or its prompt index): per-row randomness
 
     def judge(self, suffix_ids: tuple[int, ...]) -> Tensor:
         """Append [pending, draft step, suffix] to the target in one round; [B, V] logits after the suffix."""
@@ -40,7 +45,10 @@ class StepView(Protocol):
 
 
 class StepPolicy:
-    """Base: `proposes` (the draft writes a candidate), `uses_target`, `judges` (decide opens a target round)."""
+    """Base: `proposes` (the draft writes a candidate), `uses_target`, `judges` (decide opens a target round).
+
+    A judging policy names its judge suffix in `judge_suffix`, so the row-asynchronous schedule can run the
+    judge prefill inside the target's batched forward of an iteration."""
 
     name = "policy"
     proposes = True
@@ -48,6 +56,7 @@ class StepPolicy:
     judges = False
     exact = False
     needs_features = False
+    judge_suffix: tuple[int, ...] | None = None
 
     def bind(self, speculator) -> None:
         """Check the policy fits the speculator's models and tokenizer (ValueError otherwise)."""
@@ -93,6 +102,10 @@ class SpecReason(StepPolicy):
             raise ValueError(f"method: expected one of {SCORE_METHODS}, got {method!r}")
         self.template, self.method = template, method
         self.name = f"specreason(t={threshold:g})"
+
+    @property
+    def judge_suffix(self) -> tuple[int, ...] | None:
+        return self.template.suffix_ids if self.template is not None else None
 
     def bind(self, speculator) -> None:
         if self.template is None:
@@ -163,17 +176,31 @@ class RewardThreshold(StepPolicy):
         return reward, reward >= self.threshold
 
 
+def row_uniform(*key: int) -> float:
+    """A U[0, 1) draw that depends only on `key` (counter-based: no stream shared between rows)."""
+    digest = hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) * 2.0 ** -53
+
+
 class RandomRouting(StepPolicy):
-    """Escalate each step with probability p, independently of its content: the control at matched acceptance."""
+    """Escalate each step with probability p, independently of its content: the control at matched acceptance.
+
+    Each row owns its draws: the draw for a row's n-th step is a function of (seed, the row's key, n), so a
+    row decides the same whatever else is in the batch and whichever schedule runs it."""
 
     def __init__(self, p: float, seed: int = 0):
         self.p = _check_threshold(p, 0, 1, "an escalation probability")
-        self.generator = torch.Generator().manual_seed(seed)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed: expected an integer, got {seed!r}")
+        self.seed = seed
         self.name = f"random(p={p:.2f})"
 
     def decide(self, view):
-        draws = torch.rand(view.steps_done.shape[0], generator=self.generator).to(view.steps_done.device)
-        return draws, draws >= self.p
+        steps = view.steps_done.tolist()
+        draws = torch.tensor([row_uniform(self.seed, key, step) for key, step in zip(view.row_keys, steps)],
+                             dtype=torch.float64)
+        device = view.steps_done.device
+        return draws.float().to(device), (draws >= self.p).to(device)
 
 
 class OracleRouting(StepPolicy):

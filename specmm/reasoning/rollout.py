@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from specmm.core.stats import GenerationStats
+from specmm.reasoning.timing import busy_share
 
 DRAFT, TARGET = 0, 1  # values of `source`
 
@@ -31,7 +32,13 @@ class RolloutBatch:
     decisions: list[list[bool | None]]  # per row and step: draft step kept (True), regenerated (False), None: no check
     exact: bool  # every token sampled from the target's own distribution
     stats: GenerationStats = field(default_factory=GenerationStats)  # with `reasoning` extras; wall time included
-    phase_time_s: dict = field(default_factory=dict)  # device-synchronised wall time per phase
+    phase_time_s: dict = field(default_factory=dict)  # device-synchronised exclusive seconds per phase (timing.py)
+    latency_s: list[float] = field(default_factory=list)  # per row: seconds from joining the batch to its last step
+
+    @property
+    def busy_share(self) -> dict[str, float]:
+        """Share of the wall time each model ('draft', 'target') was busy."""
+        return busy_share(self.phase_time_s, self.stats.wall_time_s)
 
     @property
     def completions(self) -> list[list[int]]:
@@ -51,6 +58,29 @@ class RolloutBatch:
         sources = [row[mask.bool()].tolist() for row, mask in zip(self.source, self.completion_mask)]
         return {"prompt_ids": prompts, "completion_ids": self.completions, "logprobs": logprobs,
                 "source": sources, "step_spans": self.step_spans, "exact": [self.exact] * len(prompts)}
+
+
+@dataclass
+class RowRecords:
+    """What every row produced, in prompt order (per-row lists), before `assemble` pads them."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    sources: list[list[int]]
+    spans: list[list[tuple[int, int]]]
+    scores: list[list[float]]
+    decisions: list[list[bool | None]]
+    latency: list[float]
+
+    @classmethod
+    def empty(cls, rows: int) -> RowRecords:
+        return cls(*([[] for _ in range(rows)] for _ in range(6)), [0.0] * rows)
+
+    def write(self, first: int, run) -> None:
+        """Copy a lockstep run's rows (its per-row lists) to rows first, first + 1, ..."""
+        for name in ("tokens", "logprobs", "sources", "spans", "scores", "decisions", "latency"):
+            values = getattr(run, name)
+            getattr(self, name)[first: first + len(values)] = values
 
 
 def assemble(prompt_ids: Tensor, prompt_mask: Tensor, tokens: list[list[int]], logprobs: list[list[float]],

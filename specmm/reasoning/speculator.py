@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -23,10 +22,14 @@ from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import GenerationStats, ReasoningExtras
 from specmm.core.target import HFCausalLMTarget, attention_backend, model_device, output_vocab_size
 from specmm.reasoning.inner import speculate_step
-from specmm.reasoning.policies import StepPolicy, TargetOnly
-from specmm.reasoning.rollout import DRAFT, TARGET, RolloutBatch, assemble
-from specmm.reasoning.state import ModelState, StepDraw, pack
+from specmm.reasoning.policies import ORACLE_SAMPLING, StepPolicy, TargetOnly
+from specmm.reasoning.rollout import DRAFT, TARGET, RolloutBatch, RowRecords, assemble
+from specmm.reasoning.schedule import Limits, RowScheduler
+from specmm.reasoning.state import ModelState, StepDraw, left_pad, pack
 from specmm.reasoning.steps import StepDelimiter
+from specmm.reasoning.timing import PhaseTimer
+
+SCHEDULES = ("lockstep", "async")
 
 
 def _choose(cond: Tensor, first: tuple[Tensor, Tensor], second: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -37,22 +40,6 @@ def _choose(cond: Tensor, first: tuple[Tensor, Tensor], second: tuple[Tensor, Te
     return torch.where(cond[:, None], a, b), torch.where(cond, first[1], second[1])
 
 
-ORACLE_SAMPLING = SamplingConfig(1.0)  # target samples for oracle advantages need spread
-
-
-class _PhaseTimer:
-    def __init__(self, device: torch.device):
-        self.device, self.seconds = device, {}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 class _View:
@@ -62,6 +49,7 @@ class _View:
         self.run, self.draw, self.budget = run, draw, budget
         self.steps_done, self.target_steps = run.steps_done, run.target_steps
         self.last_by_target = run.last_by_target
+        self.row_keys = [run.keys[b] for b in run.live]
 
     def judge(self, suffix_ids) -> Tensor:
         target, draw = self.run.target, self.draw
@@ -69,7 +57,8 @@ class _View:
         suffix = torch.tensor(suffix_ids, dtype=torch.long, device=target.device).expand(batch, len(suffix_ids))
         full = torch.full((batch,), len(suffix_ids), dtype=torch.long, device=target.device)
         tokens, valid = pack([(target.pending, target.pending_count), (draw.tokens, draw.lengths), (suffix, full)])
-        out = target.run(tokens, valid)
+        with self.run.timer("target"):
+            out = target.run(tokens, valid)
         self.run.extras.judge_forwards += 1
         self.run.extras.judge_tokens += int(valid.sum())
         last = target.pending_count + draw.lengths + len(suffix_ids) - 1
@@ -86,12 +75,18 @@ class _View:
         run, target = self.run, self.run.target
         everyone = torch.ones(target.batch, dtype=torch.bool, device=target.device)
         samples = [[] for _ in range(target.batch)]
+        with self.run.timer("target"):
+            self._sample(count, samples, budget=self.budget, sampling=sampling, generator=generator)
+        return samples
+
+    def _sample(self, count, samples, budget, sampling, generator) -> None:
+        run, target = self.run, self.run.target
+        everyone = torch.ones(target.batch, dtype=torch.bool, device=target.device)
         for _ in range(count):
-            draw = target.generate_step(everyone, self.budget, sampling, generator, run.delimiter, run.eos)
+            draw = target.generate_step(everyone, budget, sampling, generator, run.delimiter, run.eos)
             target.close_round(torch.zeros_like(draw.lengths), target.pending, target.pending_count)
             for b, (row, n) in enumerate(zip(draw.tokens.tolist(), draw.lengths.tolist())):
                 samples[b].append(row[:n])
-        return samples
 
 
 class _Run:
@@ -99,8 +94,9 @@ class _Run:
     `ModelDrafter`), the live rows and what each row has produced."""
 
     def __init__(self, spec: StepSpeculator, prompts: list[list[int]], prompt_ids: Tensor, prompt_mask: Tensor,
-                 eos: Tensor):
-        self.prompts, self.eos, self.delimiter = prompts, eos, spec.delimiter
+                 eos: Tensor, keys: list[int], timer: PhaseTimer):
+        self.prompts, self.eos, self.delimiter, self.keys, self.timer = prompts, eos, spec.delimiter, keys, timer
+        self.joined = time.perf_counter()
         batch, device = len(prompts), spec.device
         ids, mask = prompt_ids.to(device), prompt_mask.to(device)  # [B, L] left-padded
         policy = spec.policy
@@ -121,6 +117,7 @@ class _Run:
         self.spans = [[] for _ in range(batch)]
         self.scores = [[] for _ in range(batch)]
         self.decisions = [[] for _ in range(batch)]
+        self.latency = [0.0] * batch
         self.extras = ReasoningExtras()
 
     def select(self, keep: list[int], draft_gens, target_gens):
@@ -204,29 +201,35 @@ class StepSpeculator:
             raise ValueError("prompts: every prompt needs at least one token")
         if any(min(r) < 0 or max(r) >= self.vocab_size for r in rows):
             raise ValueError(f"prompts: token ids must be in [0, {self.vocab_size})")
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, r in enumerate(rows):
-            ids[b, width - len(r):], mask[b, width - len(r):] = torch.tensor(r), 1
-        return rows, ids, mask
+        return (rows, *left_pad(rows))
 
     def _generators(self, seed, batch: int):
         if seed is None:
             return None, None
-        seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
-        if len(seeds) != batch or not all(isinstance(s, int) for s in seeds):
-            raise ValueError(f"seed: expected an int or {batch} ints (one per row), got {seed!r}")
+        seeds = self._seeds(seed, batch)
         make = lambda s: torch.Generator(self.device).manual_seed(s)
         return [make(2 * s + 1) for s in seeds], [make(2 * s) for s in seeds]
+
+    @staticmethod
+    def _seeds(seed, batch: int) -> list[int]:
+        seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
+        if len(seeds) != batch or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            raise ValueError(f"seed: expected an int or {batch} ints (one per row), got {seed!r}")
+        return seeds
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int = 1024, sampling: SamplingConfig = GREEDY, *,
                  attention_mask: Tensor | None = None, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None, max_steps: int | None = None,
-                 seed: int | Sequence[int] | None = None) -> RolloutBatch:
+                 seed: int | Sequence[int] | None = None, schedule: str = "lockstep", batch_size: int | None = None,
+                 refill: bool = False) -> RolloutBatch:
         """Reason on `prompts` (strings, token-id lists, or a left-padded tensor) until EOS, `max_new_tokens`
-        or `max_steps` per row. `seed` gives every row its own draft and target generators (row b: seed + b)."""
+        or `max_steps` per row. `seed` gives every row its own draft and target generators (row b: seed + b).
+
+        `schedule`: 'lockstep' advances a batch one step at a time; 'async' lets every row advance on its own
+        (`specmm.reasoning.schedule`), with the same results row by row. `batch_size` caps the rows in flight
+        (the other prompts wait); with `refill=True` (async only) a waiting prompt takes the place of each
+        finished row, otherwise the next batch starts when the last one is done."""
         rows, prompt_ids, prompt_mask = self._prompts(prompts, attention_mask)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
@@ -234,30 +237,59 @@ class StepSpeculator:
             raise ValueError(f"max_steps: expected an integer >= 1 or None, got {max_steps!r}")
         if not isinstance(sampling, SamplingConfig):
             raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")  # noqa: TRY004
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size: expected None or an integer >= 1, got {batch_size!r}")
+        if not isinstance(refill, bool):
+            raise ValueError(f"refill: expected True or False, got {refill!r}")
+        if refill and schedule != "async":
+            raise ValueError("refill: waiting prompts join a running batch only with schedule='async'")
+        if schedule == "async" and self.policy.judges and self.policy.judge_suffix is None:
+            raise ValueError(f"schedule: 'async' runs the judge inside the target's batched forward, and policy "
+                             f"{self.policy.name} names no judge_suffix; use schedule='lockstep'")
         eos_token_id = self.tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
         if any(not isinstance(e, int) or not 0 <= e < self.vocab_size for e in eos):
             raise ValueError(f"eos_token_id: expected ids in [0, {self.vocab_size}), got {eos_token_id!r}")
         pad = pad_token_id if pad_token_id is not None else (self.tokenizer.pad_token_id or (eos[0] if eos else 0))
-        draft_gens, target_gens = self._generators(seed, len(rows))
-        eos_ids = torch.tensor(eos, dtype=torch.long, device=self.device)
-        timer = _PhaseTimer(self.device)
+        gens = self._generators(seed, len(rows))
+        keys = self._seeds(seed, len(rows)) if seed is not None else list(range(len(rows)))
+        limits = Limits(max_new_tokens, max_steps, sampling, torch.tensor(eos, dtype=torch.long, device=self.device))
+        timer = PhaseTimer(self.device)
         started = time.perf_counter()
-        run = _Run(self, rows, prompt_ids, prompt_mask, eos_ids)
-        try:
-            while run.live:
-                draft_gens, target_gens = self._step(run, max_new_tokens, max_steps, sampling, draft_gens,
-                                                     target_gens, timer)
-        finally:
-            for state in (run.draft, run.target):
-                if state is not None:
-                    state.close()
+        batch = batch_size or len(rows)
+        if schedule == "async":
+            records, stats = RowScheduler(self, rows, keys, gens, limits, batch, refill, timer).run()
+        else:
+            records, stats = self._lockstep(rows, keys, gens, limits, batch, timer)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        stats = _stats(run, time.perf_counter() - started)
-        return assemble(prompt_ids, prompt_mask, run.tokens, run.logprobs, run.sources, pad, step_spans=run.spans,
-                        scores=run.scores, decisions=run.decisions, exact=self.policy.exact, stats=stats,
-                        phase_time_s=timer.seconds)
+        stats.wall_time_s = time.perf_counter() - started
+        return assemble(prompt_ids, prompt_mask, records.tokens, records.logprobs, records.sources, pad,
+                        step_spans=records.spans, scores=records.scores, decisions=records.decisions,
+                        exact=self.policy.exact, stats=stats, phase_time_s=timer.seconds, latency_s=records.latency)
+
+    def _lockstep(self, rows, keys, gens, limits: Limits, batch: int, timer) -> tuple[RowRecords, GenerationStats]:
+        """Batches of `batch` prompts, one after the other, each advancing one step at a time."""
+        records, stats = RowRecords.empty(len(rows)), GenerationStats()
+        for first in range(0, len(rows), batch):
+            part = slice(first, first + batch)
+            ids, mask = left_pad(rows[part])
+            draft_gens, target_gens = (None if g is None else g[part] for g in gens)
+            run = _Run(self, rows[part], ids, mask, limits.eos, keys[part], timer)
+            try:
+                while run.live:
+                    draft_gens, target_gens = self._step(run, limits.max_new_tokens, limits.max_steps,
+                                                         limits.sampling, draft_gens, target_gens, timer)
+            finally:
+                for state in (run.draft, run.target):
+                    if state is not None:
+                        state.close()
+            records.write(first, run)
+            stats.add(_stats(run, 0.0))
+        return records, stats
 
     def _step(self, run: _Run, max_new_tokens, max_steps, sampling, draft_gens, target_gens, timer):
         """One step for every live row; returns the generators of the rows still live."""
@@ -271,13 +303,13 @@ class StepSpeculator:
         if policy.proposes:
             with timer("draft"):
                 d = draft.generate_step(everyone, budget, sampling, draft_gens, self.delimiter, run.eos)
-            with timer("verify"):
+            with timer("policy"):
                 scores, accept = policy.decide(_View(run, d, budget))
             accept = accept.bool().to(self.device)
         else:
             accept = ~everyone
         reject = ~accept
-        with timer("sync"):
+        with timer("other"):
             if d is not None:
                 last_d = d.tokens.gather(1, (d.lengths - 1).clamp_min(0)[:, None])  # [B, 1]
                 for state, opened in ((draft, True), (target, policy.judges)):
@@ -292,11 +324,11 @@ class StepSpeculator:
         if target is not None and bool(reject.any()) and self.inner_speculation and draft is not None:
             with timer("target"):  # exact token-level speculation inside the step; settles both caches
                 t = speculate_step(target, draft, reject, budget, self.inner_speculation, sampling, target_gens,
-                                   self.delimiter, run.eos)
+                                   self.delimiter, run.eos, timer)
         elif target is not None and bool(reject.any()):
             with timer("target"):
                 t = target.generate_step(reject, budget, sampling, target_gens, self.delimiter, run.eos)
-            with timer("sync"):
+            with timer("other"):
                 last_t = t.tokens.gather(1, (t.lengths - 1).clamp_min(0)[:, None])
                 tail, count = _choose(reject, (last_t, ones), (target.pending, target.pending_count))
                 target.close_round(torch.where(reject, target.pending_count + t.lengths - 1, 0), tail, count)
@@ -334,7 +366,9 @@ class StepSpeculator:
             step_lengths.append(n)
             done = bool(set(step) & set(run.eos.tolist())) or start + n >= max_new_tokens
             done = done or (max_steps is not None and len(run.spans[b]) >= max_steps)
-            if not done:
+            if done:
+                run.latency[b] = time.perf_counter() - run.joined
+            else:
                 keep.append(i)
         n_step = torch.tensor(step_lengths, device=self.device)
         run.used = run.used + n_step

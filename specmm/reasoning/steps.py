@@ -95,3 +95,16 @@ class StepEnd:
         for r, tail in zip(row_list, tails):
             self.tails[r] = tail
         return take, ended
+
+    def restart(self, rows: Tensor, budget: Tensor) -> None:
+        """Begin a new step for `rows` [b] with budget [b] tokens (the row-asynchronous schedule reuses one
+        StepEnd over its slots)."""
+        self.budget, self.lengths, self.eos = self.budget.clone(), self.lengths.clone(), self.eos.clone()
+        self.budget[rows], self.lengths[rows], self.eos[rows] = budget, 0, False
+        for r in rows.tolist():
+            self.tails[r] = ""
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only `rows` [b] (finished rows leave the batch)."""
+        self.budget, self.lengths, self.eos = self.budget[rows], self.lengths[rows], self.eos[rows]
+        self.tails = [self.tails[r] for r in rows.tolist()]

@@ -20,24 +20,32 @@ def tiny_models(tmp_path, monkeypatch):
         yield chainarith.load(zoo.build("chainarith", "tiny", progress=False))
 
 
-def test_bench_reports_every_method_and_token_sd_reproduces_target_only(tiny_models, tmp_path):
-    setup = ReasoningBenchSetup(batch_sizes=(1, 3), problems={1: 2, 3: 3}, specreason_thresholds=(4.5,),
-                                arbitrage_thresholds=(0.5,), max_new_tokens=16, max_step_tokens=6)
+def test_bench_reports_every_method_in_both_schedules_and_exact_rows_reproduce_target_only(tiny_models, tmp_path):
+    setup = ReasoningBenchSetup(batch_sizes=(2,), problems={2: 3}, specreason_thresholds=(4.5,),
+                                arbitrage_thresholds=(0.5,), max_new_tokens=16, max_step_tokens=6, round_batches=2)
     reports, results = bench_reasoning(tiny_models, setup, command="test", description={}, device=torch.device("cpu"),
                                        progress=False)
     for rows in results.values():
+        by_name = {r.name: r for r in rows}
         names = [r.name for r in rows]
-        assert names[:2] == ["target-only", "draft-only"]
+        assert names[:3] == ["target-only [lockstep]", "target-only [async, refill]", "draft-only [lockstep]"]
+        for exact in [n for n in names if n.startswith(("target-only", "token-level"))]:  # greedy: target's tokens
+            assert by_name[exact].completions == rows[0].completions
+        for name in [n for n in names if n.endswith("[lockstep]") and not n.startswith("draft-only")]:
+            assert by_name[name.replace("[lockstep]", "[async, refill]")].completions == by_name[name].completions
         assert any(n.startswith("specreason") for n in names) and any(n.startswith("arbitrage") for n in names)
-        token_sd = next(r for r in rows if r.name.startswith("token-level"))
-        assert token_sd.completions == rows[0].completions  # greedy exact SD = the target's own tokens
         randoms = [r for r in rows if r.name.startswith("random")]
-        assert len(randoms) == 2 and all("[matches" in r.name for r in randoms)
-        assert all(0.0 <= r.accuracy <= 1.0 and r.wall_s > 0 for r in rows)
-    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only"]
+        assert len(randoms) == 4 and all("[matches" in r.name for r in randoms)
+        assert all(0.0 <= r.accuracy <= 1.0 and r.wall_s > 0 and r.problems_per_s > 0 for r in rows)
+        assert all(0 < r.latency_per_problem_s <= r.wall_s for r in rows)
+        step_level = [r for r in rows if "[core" not in r.name]
+        assert all(0 < r.time_share["target"] + r.time_share["draft"] <= 1 for r in step_level)
+        assert by_name["draft-only [lockstep]"].time_share["target"] == 0
+    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only [lockstep]", "target-only [async, refill]"]
     assert not any(r.compiled for r in reports[0].rows)  # eager unless setup.compile
     table = reports[0].table()
-    assert "accuracy" in table and "within 1 SE of target" in table
+    for column in ("accuracy", "within 1 SE of target", "problems/s", "latency/problem s", "time % draft / target"):
+        assert column in table
     json_path, md_path, png = write(reports, results, tmp_path, "reasoning-test")
     assert png.stat().st_size > 1000 and "![accuracy vs latency]" in md_path.read_text()
-    assert set(json.loads(json_path.read_text())["results"]) == {"1", "3"}
+    assert set(json.loads(json_path.read_text())["results"]) == {"2"}

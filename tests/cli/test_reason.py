@@ -139,3 +139,16 @@ def test_nan_weights_exit_2_naming_the_model(tiny_zoo, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "specmm: error: LlamaForCausalLM" in err and "non-finite logits" in err and "token 0" in err
     assert not out.exists() or out.read_text() == ""
+
+
+def test_async_schedule_with_refill_writes_the_rollouts_of_lockstep(tiny_zoo, tmp_path, capsys):
+    tiny_zoo("chainarith")
+    lockstep, rows = tmp_path / "lockstep.jsonl", tmp_path / "async.jsonl"
+    assert main([*BASE, "--out", str(lockstep), "--problems", "5"]) == 0
+    assert main([*BASE, "--out", str(rows), "--problems", "5", "--schedule", "async", "--refill"]) == 0
+    exact = lambda r: {k: v for k, v in r.items() if k not in ("behaviour_logprobs", "scores")}  # noqa: E731
+    assert [exact(r) for r in lines(rows)] == [exact(r) for r in lines(lockstep)]
+    for a, b in zip(lines(rows), lines(lockstep)):  # float32 models batched differently: equal to rounding
+        assert a["behaviour_logprobs"] == pytest.approx(b["behaviour_logprobs"], abs=1e-5)
+    assert main([*BASE, "--out", str(tmp_path / "o.jsonl"), "--problems", "2", "--refill"]) == 2
+    assert "--refill: waiting prompts join a running batch only with --schedule async" in capsys.readouterr().err

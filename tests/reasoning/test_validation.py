@@ -93,13 +93,30 @@ def test_generate_arguments_are_checked():
              ({"prompts": ["<BOS>1"], "sampling": 0.5}, "sampling"),
              ({"prompts": ["<BOS>1", "<BOS>2"], "seed": [1]}, "seed"),
              ({"prompts": ["<BOS>1"], "eos_token_id": 999}, "eos_token_id")]
+    cases += [({"prompts": ["<BOS>1"], "schedule": "eager"}, "schedule"),
+              ({"prompts": ["<BOS>1"], "batch_size": 0}, "batch_size"),
+              ({"prompts": ["<BOS>1"], "refill": True}, "refill"),  # lockstep batches do not refill
+              ({"prompts": ["<BOS>1"], "schedule": "async", "refill": 1}, "refill")]
     for kwargs, name in cases:
         with pytest.raises(ValueError, match=name):
             spec.generate(**kwargs)
 
 
-@pytest.mark.parametrize("broken_role", ["target", "draft"])
-def test_nan_weights_raise_naming_the_model_and_the_token(broken_role):
+def test_async_schedule_needs_the_judge_suffix_of_a_judging_policy():
+    from specmm.reasoning import StepPolicy
+
+    class Unnamed(StepPolicy):  # judges through view.judge without naming its suffix
+        judges = True
+
+    tokenizer, target, draft = models()
+    spec = StepSpeculator(target, draft, tokenizer, Unnamed(), delimiter=step_ids(tokenizer))
+    with pytest.raises(ValueError, match="judge_suffix"):
+        spec.generate(["<BOS>1"], schedule="async")
+
+
+@pytest.mark.parametrize(("broken_role", "schedule"), [("target", "lockstep"), ("draft", "lockstep"),
+                                                      ("draft", "async")])
+def test_nan_weights_raise_naming_the_model_and_the_token(broken_role, schedule):
     import copy
 
     import torch
@@ -114,4 +131,4 @@ def test_nan_weights_raise_naming_the_model_and_the_token(broken_role):
     spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=step_ids(tokenizer), max_step_tokens=4)
     with pytest.raises(NonFiniteError, match=r"LlamaForCausalLM: non-finite logits \(NaN or inf\) at token 0 of a "
                                              r"reasoning step \(rows \[0, 1\]\)"):
-        spec.generate(["1+2=", "3*4="], max_new_tokens=8)
+        spec.generate(["1+2=", "3*4="], max_new_tokens=8, schedule=schedule)
