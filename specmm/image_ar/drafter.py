@@ -2,7 +2,8 @@
 
 Runs on both guidance halves (cond and uncond target features, same tokens) and combines its logits with
 the target's guidance scale before the shared sampling order, as LANTERN's drafter does. The token
-embedding and output head are the target's own (frozen); only `fc` and the layer are trained.
+embedding and output head are the target's own (frozen); only `fc` and the layer are trained. Each head run is a
+module (`HeadRun`), compiled in compiled mode.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
+from specmm.core.compiled import StaticPlan
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
@@ -27,7 +29,8 @@ from specmm.image_ar.llamagen.gpt import (
     TransformerBlock,
     rope_table_2d,
 )
-from specmm.image_ar.target import GuidedTarget
+from specmm.image_ar.compiled import part, run, static_buffers
+from specmm.image_ar.target import GuidedTarget, cache_rows, combine, pack
 
 
 class DraftHead(nn.Module):
@@ -67,6 +70,8 @@ class ImageDrafter:
         self.vocab_size, self.device = gpt.config.vocab_size, gpt.tok_embeddings.weight.device
         self.draft_forwards = 0
         self.target: GuidedTarget | None = None
+        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: head runs compiled
+        self._kept: KVCache | None = None  # compiled mode: the head's cache, reused while its shape fits
 
     @classmethod
     def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
@@ -97,23 +102,12 @@ class ImageDrafter:
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
-    def _rows(self, x: Tensor) -> Tensor:
-        return torch.cat([x, x]) if self.target.guided else x
-
-    def _unpack(self, features: Tensor) -> Tensor:
-        """[B, n, F] packed halves -> [R, n, d]."""
-        return torch.cat(features.chunk(2, -1)) if self.target.guided else features
-
     def _pack(self, features: Tensor) -> Tensor:
-        return torch.cat(features.chunk(2), -1) if self.target.guided else features
+        return pack(features, self.target.guided)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """Predicted features [R, n, d] -> guidance-combined logits [B, n, V]."""
-        logits = self.gpt.logits(hidden)
-        if not self.target.guided:
-            return logits
-        cond, uncond = logits.chunk(2)
-        return uncond + (cond - uncond) * self.target.cfg_scale
+        return combine(self.gpt.logits(hidden), None, self.target.cfg_tensor, self.target.guided, -1)
 
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         if self.target is None:
@@ -122,18 +116,25 @@ class ImageDrafter:
         rows = 2 * batch if self.target.guided else batch
         c = self.head.config
         ref = self.gpt.tok_embeddings.weight
-        self.cache = KVCache(1, rows, c.kv_heads, c.block_size + self.target.max_nodes + 1, c.head_dim, ref.dtype,
-                             ref.device)
+        length = c.block_size + self.target.max_nodes + 1
+        kept = self._kept
+        if self.static_plan is None or kept is None or kept.keys[0].shape[0] != rows or kept.length != length:
+            kept = KVCache(1, rows, c.kv_heads, length, c.head_dim, ref.dtype, ref.device)
+            static_buffers(kept.keys + kept.values, self.static_plan)
+        self.cache = kept
+        self._kept = kept if self.static_plan is not None else None  # compiled mode reuses it (stale slots are masked)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B] committed slots
         self.draft_forwards = 0
         self.pending = (input_ids[:, -1:], prefill.features, torch.ones_like(input_ids[:, -1:], dtype=torch.bool))
 
-    def _run(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor) -> Tensor:
-        """Run slots [B, n] (attend [B, n, S] bool) on both halves; returns predicted features [R, n, d]."""
+    def _run(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor,
+             logits: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Run slots [B, n] (attend [B, n, S] bool) on both halves; returns predicted features [R, n, d] and, when
+        asked, their guidance-combined logits [B, n, V]."""
         self.draft_forwards += 1
-        embeds = self.gpt.tok_embeddings(self._rows(tokens))
-        return self.head(embeds, self._unpack(features), self._rows(cells), self._rows(attend)[:, None], self.cache,
-                         self._rows(slots))
+        return run(part(self.head, HeadRun, self.gpt), self.static_plan, tokens=tokens, features=features, cells=cells,
+                   slots=slots, attend=attend, cache=self.cache, cfg_scale=self.target.cfg_tensor,
+                   guided=self.target.guided, logits=logits)
 
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
@@ -143,11 +144,12 @@ class ImageDrafter:
         keys = torch.arange(self.cache.length, device=device)
         steps = torch.arange(width, device=device)
         slots = self.lengths[:, None] + steps  # [B, P] valid entries are a prefix
-        out = self._run(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
+        out, _ = self._run(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
         last = valid.sum(1) - 1
         rows = torch.arange(batch, device=device)
         root_hidden = self._pack(out)[rows, last]  # [B, F]
-        self.lengths = self.lengths + valid.sum(1)
+        # rows that stopped but stay in a compiled batch keep running their root: held at the block
+        self.lengths = (self.lengths + valid.sum(1)).clamp(max=self.head.config.block_size)
         root_cell = self.lengths - 1  # [B] image index of the root
         committed = keys[None, :] < self.lengths[:, None]  # [B, S]
         round_slots = RoundSlots(root_hidden)
@@ -165,12 +167,12 @@ class ImageDrafter:
                 seen |= parent_view & (parent_slots >= 0)[:, :, None]
             seen.scatter_(2, node_slots[:, :, None], True)
             ancestry.append(seen)
-            hidden = self._run(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
-                               node_slots, committed[:, None, :] | seen)
+            hidden, logits = self._run(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
+                                       node_slots, committed[:, None, :] | seen, logits=True)
             round_slots.add(depth, self._pack(hidden))
-            return self._logits(hidden)
+            return logits
 
-        root_logits = self._logits(self._unpack(root_hidden[:, None]))[:, 0]
+        root_logits = self._logits(unpack(root_hidden[:, None], self.target.guided))[:, 0]
         return grow_tree(spec, roots, root_logits, expand, sampling, generators)
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
@@ -178,7 +180,30 @@ class ImageDrafter:
         self.pending = (accepted_tokens(tree, result), path_features, steps[None, :] <= result.num_accepted[:, None])
 
     def select_rows(self, rows: Tensor) -> None:
-        cache_rows = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
-        self.cache.select_rows(cache_rows)
+        kept = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
+        self.cache.select_rows(kept)
+        self._kept = None
         self.lengths = self.lengths[rows]
         self.pending = tuple(p[rows] for p in self.pending)
+
+
+def unpack(features: Tensor, guided: bool) -> Tensor:
+    """[B, n, F] packed halves -> [R, n, d]."""
+    return torch.cat(features.chunk(2, -1)) if guided else features
+
+
+class HeadRun(nn.Module):
+    """One drafter head run on both guidance halves (token embeddings, the head's layer, optionally logits)."""
+
+    def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        super().__init__()
+        self.head, self.gpt = head, gpt
+
+    def forward(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor, cache: KVCache,
+                cfg_scale: Tensor, guided: bool, logits: bool) -> tuple[Tensor, Tensor | None]:
+        embeds = self.gpt.tok_embeddings(cache_rows(tokens, guided))
+        hidden = self.head(embeds, unpack(features, guided), cache_rows(cells, guided),
+                           cache_rows(attend, guided)[:, None], cache, cache_rows(slots, guided))
+        if not logits:
+            return hidden, None
+        return hidden, combine(self.gpt.logits(hidden), None, cfg_scale, guided, -1)
