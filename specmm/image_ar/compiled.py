@@ -10,13 +10,15 @@ modes give the same tokens, and nothing in a part reads a tensor on the host.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptanceRule, AcceptResult, accept_greedy, accept_sampled, sampled_draws
-from specmm.core.compiled import StaticPlan, compiled_forward
+from specmm.core.compiled import StaticPlan, compile_failure, compiled_forward
 from specmm.core.sampling import Generators, SamplingConfig, process_logits
-from specmm.core.tree import DraftTree
+from specmm.core.tree import DraftTree, ancestor_mask, children_table
 
 
 def image_plan(device: torch.device) -> StaticPlan:
@@ -55,13 +57,23 @@ class AcceptWalk(nn.Module):
     def forward(self, tokens: Tensor, parents: Tensor, depth: Tensor, valid: Tensor, draft_probs: Tensor | None,
                 logits: Tensor, coins: Tensor | None, noise: Tensor | None, max_depth: int, max_children: int,
                 sampling: SamplingConfig, rule: AcceptanceRule):
-        tree = DraftTree(tokens=tokens, parents=parents, depth=depth, valid=valid, max_depth=max_depth,
-                         max_children=max_children, draft_probs=draft_probs)
+        tree = TracedTree(tokens=tokens, parents=parents, depth=depth, valid=valid, max_depth=max_depth,
+                          max_children=max_children, draft_probs=draft_probs,
+                          ancestors=ancestor_mask(parents, depth, max_depth),
+                          children=children_table(parents, valid, max_children))
         if sampling.greedy:
             result = accept_greedy(tree, logits, rule)
         else:
             result = accept_sampled(tree, process_logits(logits, sampling), rule, draws=(coins, noise))
         return result.path, result.num_accepted, result.next_token, result.diagnostics
+
+
+@dataclass
+class TracedTree(DraftTree):
+    """A DraftTree with its ancestor and child tables as plain fields: dynamo cannot trace `cached_property`."""
+
+    ancestors: Tensor | None = None  # [B, T, T]
+    children: Tensor | None = None  # [B, T, C]
 
 
 _WALK = AcceptWalk()
@@ -89,4 +101,11 @@ class CompiledRule:
         return AcceptResult(path=path, num_accepted=num_accepted, next_token=next_token, diagnostics=dict(diagnostics))
 
 
-__all__ = ["AcceptWalk", "CompiledRule", "image_plan", "part", "run", "static_buffers"]
+def compile_failures(*owners: nn.Module | None) -> list[str]:
+    """Why parts of `owners` (a GPT, a drafter head) or the acceptance walk could not compile ([] when all did)."""
+    parts = [_WALK] + [p for o in owners if o is not None for p in o.__dict__.get("_specmm_image_parts", {}).values()]
+    reasons = [(type(p).__name__, compile_failure(p)) for p in parts]
+    return [f"{name}: {why}" for name, why in reasons if why is not None]
+
+
+__all__ = ["AcceptWalk", "CompiledRule", "compile_failures", "image_plan", "part", "run", "static_buffers"]

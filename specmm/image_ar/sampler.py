@@ -49,7 +49,7 @@ class ImageSampler:
 
     def __init__(self, lg: LlamaGen, proposer: str | ImageDrafter = "jacobi",
                  acceptance: str | AcceptanceRule = "exact", tree: TreeSpec | None = None, window: int = 16,
-                 init: str = "random", cfg_interval: int = -1, compile: bool = False):
+                 init: str = "random", cfg_interval: int = -1, compile: bool = False, profile: bool = False):
         if not isinstance(lg, LlamaGen):
             raise ValueError(f"lg: expected a LlamaGen, got {type(lg).__name__}")  # noqa: TRY004 (project: ValueError)
         self.lg, self.target = lg, GuidedTarget(lg.gpt)
@@ -78,6 +78,7 @@ class ImageSampler:
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")
         self.compile = compile
+        self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
 
     def _check(self, conditions, cfg_scale: float) -> Tensor:
         if not isinstance(cfg_scale, (int, float)) or isinstance(cfg_scale, bool) or not math.isfinite(cfg_scale):
@@ -107,7 +108,8 @@ class ImageSampler:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
             rule = CompiledRule(self.rule, image_plan(self.target.device)) if self.compile else self.rule
-            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=rule, compile=self.compile)
+            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=rule, compile=self.compile,
+                                       profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = out.sequences[:, :n], out.stats
         stats.image = ImageExtras(tokens_per_row=n)
