@@ -8,9 +8,9 @@ accepted draft. A greedy (T=0) run checks that the lossless methods reproduce AR
 
 `--compile` adds every method again in compiled mode (`ImageSampler(compile=True)`), the compiled AR row being a
 second plain-decoding baseline: `speedup vs best AR` compares each row with the faster AR row of its batch size.
-Every row first runs an untimed warm-up (one batch of each size the timed run meets), where compiled rows compile;
-the warm-up's compile seconds are reported apart, and speculative rows get a per-round time split from one more
-untimed, profiled batch.
+Compiled rows first run an untimed warm-up (one batch of each size the timed run meets), where they compile; its
+compile seconds are reported apart. With `--compile`, speculative rows (eager and compiled) also get a per-round
+time split from one more untimed, profiled batch.
 """
 
 from __future__ import annotations
@@ -122,11 +122,12 @@ def bench_image_ar(args) -> int:
                 base_seconds = None if first else done["rows"][f"ar (bs {batch_size})"].median_s
                 sampler = make_sampler(lg, method, drafter, compile=compiled, **knobs)
                 warm, timed = CompileWatch(), CompileWatch()
-                with warm:
-                    _warm_up(sampler, classes, batch_size, sampling, device)
+                if compiled:
+                    with warm:
+                        _warm_up(sampler, classes, batch_size, sampling, device)
                 with timed:
                     run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
-                split = _round_split(sampler, classes, batch_size, sampling, device)
+                split = _round_split(sampler, classes, batch_size, sampling, device) if args.compile else {}
                 feats, logits = judge(run["images"])
                 base_seconds = base_seconds or run["seconds"]
                 kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
