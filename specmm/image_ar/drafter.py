@@ -102,13 +102,6 @@ class ImageDrafter:
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
-    def _pack(self, features: Tensor) -> Tensor:
-        return pack(features, self.target.guided)
-
-    def _logits(self, hidden: Tensor) -> Tensor:
-        """Predicted features [R, n, d] -> guidance-combined logits [B, n, V]."""
-        return combine(self.gpt.logits(hidden), None, self.target.cfg_tensor, self.target.guided, -1)
-
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         if self.target is None:
             raise ValueError("drafter: call bind(target) (ImageSampler does) before generating")
@@ -127,53 +120,24 @@ class ImageDrafter:
         self.draft_forwards = 0
         self.pending = (input_ids[:, -1:], prefill.features, torch.ones_like(input_ids[:, -1:], dtype=torch.bool))
 
-    def _run(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor,
-             logits: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Run slots [B, n] (attend [B, n, S] bool) on both halves; returns predicted features [R, n, d] and, when
-        asked, their guidance-combined logits [B, n, V]."""
-        self.draft_forwards += 1
-        return run(part(self.head, HeadRun, self.gpt), self.static_plan, tokens=tokens, features=features, cells=cells,
-                   slots=slots, attend=attend, cache=self.cache, cfg_scale=self.target.cfg_tensor,
-                   guided=self.target.guided, logits=logits)
-
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        """Run the pending tokens, then grow the tree. In compiled mode a deterministic tree (dynamic, static, or a
+        greedy chain) is drafted by one compiled graph; a sampled chain, which draws from the generators between
+        head runs, runs its head runs compiled one by one."""
         tokens, features, valid = self.pending
-        batch, width = tokens.shape
-        device = tokens.device
-        keys = torch.arange(self.cache.length, device=device)
-        steps = torch.arange(width, device=device)
-        slots = self.lengths[:, None] + steps  # [B, P] valid entries are a prefix
-        out, _ = self._run(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
-        last = valid.sum(1) - 1
-        rows = torch.arange(batch, device=device)
-        root_hidden = self._pack(out)[rows, last]  # [B, F]
-        # rows that stopped but stay in a compiled batch keep running their root: held at the block
-        self.lengths = (self.lengths + valid.sum(1)).clamp(max=self.head.config.block_size)
-        root_cell = self.lengths - 1  # [B] image index of the root
-        committed = keys[None, :] < self.lengths[:, None]  # [B, S]
-        round_slots = RoundSlots(root_hidden)
-        ancestry: list[Tensor] = []  # per run: [B, n, S] round slots each node sees (itself included)
-
-        def expand(new_tokens: Tensor, parent_slots: Tensor) -> Tensor:
-            n = new_tokens.shape[1]
-            depth = round_slots.child_depth(parent_slots)  # [B, n]
-            first = sum(a.shape[1] for a in ancestry)
-            node_slots = self.lengths[:, None] + first + torch.arange(n, device=device)  # [B, n]
-            seen = torch.zeros(batch, n, self.cache.length, dtype=torch.bool, device=device)
-            if ancestry:
-                previous = torch.cat(ancestry, 1)  # [B, R, S]
-                parent_view = previous.gather(1, parent_slots.clamp_min(0)[:, :, None].expand(-1, -1, seen.shape[2]))
-                seen |= parent_view & (parent_slots >= 0)[:, :, None]
-            seen.scatter_(2, node_slots[:, :, None], True)
-            ancestry.append(seen)
-            hidden, logits = self._run(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
-                                       node_slots, committed[:, None, :] | seen, logits=True)
-            round_slots.add(depth, self._pack(hidden))
-            return logits
-
-        root_logits = self._logits(unpack(root_hidden[:, None], self.target.guided))[:, 0]
-        return grow_tree(spec, roots, root_logits, expand, sampling, generators)
+        plan = self.static_plan
+        whole = plan is not None and plan.compile and (spec.kind != "chain" or sampling.greedy)
+        if spec.kind == "static":
+            spec.static_layout  # noqa: B018 (computed eagerly: a traced cached_property cannot take its lock)
+        out = run(part(self.head, DraftRound, self.gpt), plan if whole else None, roots=roots, tokens=tokens,
+                  features=features, valid=valid, lengths=self.lengths, cache=self.cache,
+                  cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,
+                  generators=None if whole else generators, head_plan=None if whole else plan)
+        self.lengths = out[-1]
+        self.draft_forwards += head_runs(spec)
+        return DraftTree(*out[:4], max_depth=spec.depth, max_children=spec.max_children, draft_probs=out[5],
+                         node_slots=out[4])
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         steps = torch.arange(result.path.shape[1], device=result.path.device)
@@ -207,3 +171,67 @@ class HeadRun(nn.Module):
         if not logits:
             return hidden, None
         return hidden, combine(self.gpt.logits(hidden), None, cfg_scale, guided, -1)
+
+
+def head_runs(spec: TreeSpec) -> int:
+    """Head runs of one round: the pending tokens, then one per tree level that has children to draft."""
+    if spec.kind != "static":
+        return spec.depth
+    parents, _, depths = spec.static_layout
+    return 1 + len({depths[p] for p in parents[1:] if p > 0})
+
+
+class DraftRound(nn.Module):
+    """One drafter round: run the pending tokens (accepted last round) to get the root's hidden state, then grow
+    the tree with `grow_tree`, each expansion one head run over the new nodes."""
+
+    def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        super().__init__()
+        self.run_head = part(head, HeadRun, gpt)
+        self.block = head.config.block_size
+
+    def forward(self, roots: Tensor, tokens: Tensor, features: Tensor, valid: Tensor, lengths: Tensor, cache: KVCache,
+                cfg_scale: Tensor, guided: bool, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
+                head_plan: StaticPlan | None) -> tuple:
+        """-> the tree's tokens, parents, depth, valid, node_slots, draft_probs, and the new lengths [B]."""
+        batch, width = tokens.shape
+        device = tokens.device
+        length = cache.length
+
+        def head(new_tokens, new_features, cells, slots, attend, logits=False):
+            return run(self.run_head, head_plan, tokens=new_tokens, features=new_features, cells=cells, slots=slots,
+                       attend=attend, cache=cache, cfg_scale=cfg_scale, guided=guided, logits=logits)
+
+        keys = torch.arange(length, device=device)
+        slots = lengths[:, None] + torch.arange(width, device=device)  # [B, P] valid entries are a prefix
+        out, _ = head(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
+        rows = torch.arange(batch, device=device)
+        root_hidden = pack(out, guided)[rows, valid.sum(1) - 1]  # [B, F]
+        # rows that stopped but stay in a compiled batch keep running their root: held at the block
+        lengths = (lengths + valid.sum(1)).clamp(max=self.block)
+        root_cell = lengths - 1  # [B] image index of the root
+        committed = keys[None, :] < lengths[:, None]  # [B, S]
+        round_slots = RoundSlots(root_hidden)
+        ancestry: list[Tensor] = []  # per run: [B, n, S] round slots each node sees (itself included)
+
+        def expand(new_tokens: Tensor, parent_slots: Tensor) -> Tensor:
+            n = new_tokens.shape[1]
+            depth = round_slots.child_depth(parent_slots)  # [B, n]
+            first = sum(a.shape[1] for a in ancestry)
+            node_slots = lengths[:, None] + first + torch.arange(n, device=device)  # [B, n]
+            seen = torch.zeros(batch, n, length, dtype=torch.bool, device=device)
+            if ancestry:
+                previous = torch.cat(ancestry, 1)  # [B, R, S]
+                parent_view = previous.gather(1, parent_slots.clamp_min(0)[:, :, None].expand(-1, -1, length))
+                seen |= parent_view & (parent_slots >= 0)[:, :, None]
+            seen.scatter_(2, node_slots[:, :, None], True)
+            ancestry.append(seen)
+            hidden, logits = head(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
+                                  node_slots, committed[:, None, :] | seen, logits=True)
+            round_slots.add(depth, pack(hidden, guided))
+            return logits
+
+        root_logits = combine(self.run_head.gpt.logits(unpack(root_hidden[:, None], guided)), None, cfg_scale, guided,
+                              -1)[:, 0]
+        tree = grow_tree(spec, roots, root_logits, expand, sampling, generators)
+        return tree.tokens, tree.parents, tree.depth, tree.valid, tree.node_slots, tree.draft_probs, lengths

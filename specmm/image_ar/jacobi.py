@@ -71,10 +71,21 @@ class JacobiProposer:
                                   stale_logits=self.stale_logits, stale_noise=stale_noise, accepted=self.accepted,
                                   known=self.known, history=self.history, k=k, init=self.init, grid=self.grid,
                                   vocab=self.vocab_size, sampling=sampling)
-        nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
-        return DraftTree(tokens=tokens, parents=nodes - 1, depth=nodes.clone(),
-                         valid=torch.ones(batch, k + 1, dtype=torch.bool, device=device), max_depth=k,
-                         max_children=1, draft_probs=draft_probs)
+        parents, depth, valid, ancestors = self._chain(batch, k, device)
+        tree = DraftTree(tokens=tokens, parents=parents, depth=depth, valid=valid, max_depth=k, max_children=1,
+                         draft_probs=draft_probs)
+        tree.__dict__["ancestors"] = ancestors  # the chain's (cached property): no per-round mask building
+        return tree
+
+    def _chain(self, batch: int, k: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """parents, depth, valid [B, k + 1] and ancestors [B, k + 1, k + 1] of a chain, made once per shape."""
+        if getattr(self, "_chain_key", None) != (batch, k, device):
+            nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
+            ancestors = torch.ones(k + 1, k + 1, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
+            self._chain_tensors = (nodes - 1, nodes.clone(), torch.ones(batch, k + 1, dtype=torch.bool, device=device),
+                                   ancestors)
+            self._chain_key = (batch, k, device)
+        return self._chain_tensors
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         new = accepted_tokens(tree, result)  # [B, k + 1]
