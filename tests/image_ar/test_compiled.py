@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from specmm.core.engine import SpeculativeGenerator
 from specmm.core.tree import TreeSpec
-from specmm.image_ar import GSD, ImageDrafter, ImageSampler, LlamaGen
+from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern, LlamaGen
 from specmm.image_ar.compiled import compile_failures
 from tests.core.test_compiled import counting_host_syncs
 from tests.image_ar import test_sampler_distribution as distribution
@@ -56,6 +56,25 @@ def test_compiled_greedy_equals_ar_with_guidance_for_jacobi_and_the_drafter(lg):
                         compile=mode) for mode in (False, True)]
     assert torch.equal(greedy(gsd[1]), greedy(gsd[0]))
     assert compile_failures(lg.gpt, drafter.head) == []
+
+
+@pytest.mark.parametrize("method", ["lantern", "gsd"])
+def test_compiled_relaxed_rules_sample_the_same_tokens_as_eager(lg, method):
+    """Per-row generators: each row's draws are its own, so rows kept in the compiled batch after they finish change
+    nothing, and LANTERN (drafter, dynamic tree) and GSD (Jacobi) sample eager mode's tokens and moved mass."""
+    drafter = ImageDrafter.for_target(lg.gpt)
+
+    def sample(compile: bool):
+        if method == "lantern":
+            sampler = ImageSampler(lg, proposer=drafter, acceptance=Lantern(k=4, delta=0.2), compile=compile,
+                                   tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8))
+        else:
+            sampler = ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=5, p_gap=0.5), window=6, compile=compile)
+        gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+        return sampler.sample(CONDITIONS, cfg_scale=2.0, top_k=16, generator=gens, decode=False)
+
+    eager, compiled = sample(False), sample(True)
+    assert torch.equal(compiled.tokens, eager.tokens) and compiled.stats.moved_mass == eager.stats.moved_mass > 0
 
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="LlamaGen fixtures not available")
