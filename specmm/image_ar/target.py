@@ -15,6 +15,7 @@ from torch import Tensor
 from torch import nn
 
 from specmm.core.compiled import StaticPlan
+from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
 from specmm.core.target import FEATURES, PrefillOutput, TargetOutput
 from specmm.core.tree import DraftTree, ancestor_mask
 from specmm.image_ar.compiled import part, run, static_buffers
@@ -122,6 +123,16 @@ class GuidedTarget:
         self.last_logits = logits
         return TargetOutput(logits=logits, features=features)
 
+    @torch.no_grad()
+    def decode(self, token: Tensor, sampling: SamplingConfig, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """One plain decoding step (`DecodeStep`): run token [B], commit it, draw the next with `noise` [B, V]
+        (Exp(1) draws; None when greedy). Returns the combined logits [B, V] and the next token [B]."""
+        logits, token, self.lengths = run(part(self.gpt, DecodeStep), self.static_plan, token=token,
+                                          lengths=self.lengths, key_valid=self.key_valid, cache=self.cache,
+                                          cfg_scale=self.cfg_tensor, guided=self.guided, cfg_interval=self.cfg_interval,
+                                          sampling=sampling, noise=noise)
+        return logits, token
+
     def commit(self, path: Tensor, counts: Tensor) -> None:
         """Move the kept nodes `path[b, :counts[b]]` next to the committed tokens, on both halves."""
         self.lengths = run(part(self.gpt, CacheCommit), self.static_plan, cache=self.cache, path=path, counts=counts,
@@ -205,3 +216,24 @@ class CacheCommit(nn.Module):
         # live rows never pass the block (the engine cuts nodes past each row's budget); rows that stopped but stay
         # in a compiled batch keep committing their root and are held at the block, their slots junk nobody reads
         return (lengths + counts).clamp(max=self.block)
+
+
+class DecodeStep(nn.Module):
+    """Plain decoding: verify the last token as a one-node tree, commit it, draw the next token."""
+
+    def __init__(self, gpt: LlamaGenGPT):
+        super().__init__()
+        self.verify, self.commit = part(gpt, GuidedVerify), part(gpt, CacheCommit)
+
+    def forward(self, token: Tensor, lengths: Tensor, key_valid: Tensor, cache: KVCache, cfg_scale: Tensor,
+                guided: bool, cfg_interval: int, sampling: SamplingConfig,
+                noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        zeros = torch.zeros_like(token)[:, None]
+        logits, _ = self.verify(tokens=token[:, None], parents=zeros - 1, depth=zeros, lengths=lengths,
+                                key_valid=key_valid, cache=cache, cfg_scale=cfg_scale, max_depth=0, guided=guided,
+                                cfg_interval=cfg_interval, features=False)
+        lengths = self.commit(cache=cache, path=zeros, counts=torch.ones_like(token), lengths=lengths, guided=guided)
+        logits = logits[:, 0]
+        if sampling.greedy:
+            return logits, logits.argmax(-1), lengths
+        return logits, sample_with_noise(process_logits(logits, sampling), noise), lengths
