@@ -25,12 +25,13 @@ def generate_ar(target: GuidedTarget, first_logits: Tensor, num_tokens: int, sam
     watch = FiniteWatch(target, "image token")  # NaN/inf logits raise at the end (no per-token host sync)
     watch.update(first_logits, 0)
     token = draw(first_logits, sampling, generators)
-    tokens = [token]
     batch, vocab = first_logits.shape
+    tokens = token.new_empty(batch, num_tokens)  # each token copied out at once (CUDA graphs reuse output buffers)
+    tokens[:, 0] = token
     for i in range(1, num_tokens):  # noise first (what `sample` draws), then one decode step, compiled or not
         noise = None if sampling.greedy else exponential(batch, (vocab,), generators, first_logits.device)
         logits, token = target.decode(token, sampling, noise)
         watch.update(logits, i)
-        tokens.append(token)
+        tokens[:, i] = token
     watch.check()
-    return torch.stack(tokens, 1)
+    return tokens
