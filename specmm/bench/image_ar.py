@@ -5,6 +5,12 @@ Columns: step compression (image tokens per target forward, the condition prefil
 to AR at the same batch size, FID / KID against a second AR sample set of the same size (the AR row is the
 AR-vs-AR noise floor), class accuracy of the zoo's timm classifier, and the TV mass LANTERN/GSD moved per
 accepted draft. A greedy (T=0) run checks that the lossless methods reproduce AR's tokens exactly.
+
+`--compile` adds every method again in compiled mode (`ImageSampler(compile=True)`), the compiled AR row being a
+second plain-decoding baseline: `speedup vs best AR` compares each row with the faster AR row of its batch size.
+Compiled rows first run an untimed warm-up (one batch of each size the timed run meets), where they compile; its
+compile seconds are reported apart. With `--compile`, speculative rows (eager and compiled) also get a per-round
+time split from one more untimed, profiled batch.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar
+from specmm.bench.compile_watch import CompileWatch
+from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar, round_ms
 from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
@@ -44,8 +51,30 @@ def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, samplin
             "seconds": seconds, "moved": moved / max(drafts, 1)}
 
 
+def _warm_up(sampler, classes: list[int], batch_size: int, sampling: dict, device) -> None:
+    """One untimed batch of every size `_sample_set` meets (compiled rows compile here, never in a timed run)."""
+    sizes = sorted({len(classes[s: s + batch_size]) for s in range(0, len(classes), batch_size)})
+    for size in sizes:
+        gens = [torch.Generator(device=device).manual_seed(i) for i in range(size)]
+        sampler.sample(torch.tensor(classes[:size]), generator=gens, decode=False, **sampling)
+
+
+def _round_split(sampler, classes: list[int], batch_size: int, sampling: dict, device) -> dict[str, float]:
+    """ms per round in each phase, from one untimed profiled batch ({} for AR, which has no rounds)."""
+    if sampler.proposer is None:
+        return {}
+    sampler.profile = True
+    try:
+        gens = [torch.Generator(device=device).manual_seed(i) for i in range(min(batch_size, len(classes)))]
+        stats = sampler.sample(torch.tensor(classes[: len(gens)]), generator=gens, decode=False, **sampling).stats
+    finally:
+        sampler.profile = False
+    return round_ms(stats)
+
+
 def bench_image_ar(args) -> int:
     from specmm import zoo
+    from specmm.image_ar.compiled import compile_failures
     from specmm.image_ar.images import image_grid
     from specmm.image_ar.methods import METHODS, make_sampler
     from specmm.image_ar.metrics import accuracy, fid, kid
@@ -56,6 +85,7 @@ def bench_image_ar(args) -> int:
     if unknown or methods[0] != "ar":
         raise ValueError(f"--methods: comma-separated, starting with ar, from {', '.join(METHODS)}; got {args.methods!r}")
     device = torch.device(args.device)
+    variants = [(m, False) for m in methods] + ([(m, True) for m in methods] if args.compile else [])
     models = imagegen.load(zoo.build("imagegen", args.scale), device)
     record = zoo.record("imagegen", args.scale)
     lg, drafter, judge = models.lg, models.drafter, models.judge
@@ -70,7 +100,7 @@ def bench_image_ar(args) -> int:
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
     partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
     settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
-                "seed": args.seed, **sampling, **knobs}
+                "seed": args.seed, "compile": bool(args.compile), **sampling, **knobs}
     # the partial rows are a job: --resume continues only the same benchmark, a second run on it is refused
     with Job(partial, "bench image_ar", settings, resume=args.resume, force=not args.resume, folder=True,
              owned=("rows.json", "ref.pt"), argument="--name"):
@@ -84,13 +114,20 @@ def bench_image_ar(args) -> int:
                 reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
                 done["ref"][batch_size] = judge(reference["images"])[0]
             ref_feats = done["ref"][batch_size]
-            for method in tqdm(methods, desc=f"bench image_ar bs{batch_size}"):
-                key = f"{method} (bs {batch_size})"
+            for method, compiled in tqdm(variants, desc=f"bench image_ar bs{batch_size}"):
+                key = _key(method, compiled, batch_size)
                 if key in done["rows"]:
                     continue
-                base_seconds = done["rows"][f"ar (bs {batch_size})"].median_s if method != "ar" else None
-                sampler = make_sampler(lg, method, drafter, **knobs)
-                run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
+                first = method == "ar" and not compiled
+                base_seconds = None if first else done["rows"][f"ar (bs {batch_size})"].median_s
+                sampler = make_sampler(lg, method, drafter, compile=compiled, **knobs)
+                warm, timed = CompileWatch(), CompileWatch()
+                if compiled:
+                    with warm:
+                        _warm_up(sampler, classes, batch_size, sampling, device)
+                with timed:
+                    run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
+                split = _round_split(sampler, classes, batch_size, sampling, device) if args.compile else {}
                 feats, logits = judge(run["images"])
                 base_seconds = base_seconds or run["seconds"]
                 kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
@@ -104,7 +141,9 @@ def bench_image_ar(args) -> int:
                 done["rows"][key] = BenchRow(
                     method=key, tokens_per_s=tokens / run["seconds"],
                     speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
-                    new_tokens=tokens, median_s=run["seconds"], baseline=method == "ar", compiled=False,
+                    new_tokens=tokens, median_s=run["seconds"], baseline=method == "ar",
+                    compiled=compiled and not compile_failures(lg.gpt, drafter and drafter.head), compile_s=warm.seconds,
+                    timed_compiles=timed.events, round_ms=split,
                     extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                            "class acc": f"{accuracy(logits, labels):.2f}",
                            "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
@@ -113,7 +152,7 @@ def bench_image_ar(args) -> int:
                 with atomic_writer(partial / "ref.pt") as f:  # ref first: rows.json names what ref.pt must hold
                     torch.save({str(k): v for k, v in done["ref"].items()}, f)
                 atomic_write_text(partial / "rows.json", json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
-                if batch_size == args.batch_sizes[0]:
+                if batch_size == args.batch_sizes[0] and not compiled:
                     grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"
                     atomic_save_image(image_grid(run["images"][: 4 * len(models.classes)], len(models.classes)), grid)
         notes += [
@@ -136,9 +175,14 @@ def bench_image_ar(args) -> int:
                  "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
                  "device": str(device)}
         command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        rows = [done["rows"][f"{m} (bs {b})"] for b in args.batch_sizes for m in methods]
-        for b in args.batch_sizes:  # each batch size against its own AR row (image samplers have no compiled path yet)
-            compare_with_best_ar([done["rows"][f"{m} (bs {b})"] for m in methods])
+        if args.compile:
+            notes.append("compiled rows: `ImageSampler(compile=True)` (verify, commit, drafts and acceptance compiled "
+                         "with static shapes over LlamaGen's static caches, one host sync per round); 'ar, compiled' "
+                         "is plain AR decoding of the same target through the same static cache and compiled verify. "
+                         "compile s: seconds compiling in the row's warm-up, never inside its timed run.")
+        rows = [done["rows"][_key(m, c, b)] for b in args.batch_sizes for m, c in variants]
+        for b in args.batch_sizes:  # each batch size against its fastest AR row (eager, or compiled with --compile)
+            compare_with_best_ar([done["rows"][_key(m, c, b)] for m, c in variants])
         report = BenchReport(name=f"image_ar on zoo imagegen-{args.scale} ({device.type})", command=command, rows=rows,
                              setup=setup, notes=notes, machine=machine_info(device),
                              created=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -147,6 +191,10 @@ def bench_image_ar(args) -> int:
         print(f"wrote {json_path} and {md_path}")
     shutil.rmtree(partial, ignore_errors=True)
     return 0
+
+
+def _key(method: str, compiled: bool, batch_size: int) -> str:
+    return f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
 
 
 def add_parser(bsub) -> None:
@@ -167,6 +215,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--gsd-quantile", type=float, default=0.05,
                    help="GSD: embedding-distance bound = this quantile of codebook pair distances")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true",
+                   help="also run every method compiled (ImageSampler(compile=True)), with a compiled AR baseline; "
+                        "compile time is measured in each row's warm-up and reported apart")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="benchmarks")
     p.add_argument("--name")

@@ -118,7 +118,7 @@ def cmd_sample_images(args) -> int:
     if args.drafter:
         with loading("--drafter", args.drafter, "image drafter"):
             drafter = ImageDrafter.from_pretrained(args.drafter, lg.gpt)
-    sampler = make_sampler(lg, args.method, drafter, delta=args.delta, lam=args.lam)
+    sampler = make_sampler(lg, args.method, drafter, delta=args.delta, lam=args.lam, compile=args.compile)
     settings = {"method": args.method, "seed": args.seed, "cfg_scale": args.cfg_scale,
                 "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "image_size": lg.image_size,
@@ -183,6 +183,9 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=temperature_arg, default=1.0)
     p.add_argument("--top-k", type=nonnegative_int, default=2000, help="0 disables top-k")
     p.add_argument("--top-p", type=probability, default=1.0)
+    p.add_argument("--compile", action="store_true",
+                   help="compiled fast path (static caches, compiled verify/draft/acceptance, same images); the first "
+                        "batch of each size compiles")
     add_job_arguments(p, batch_size=8)
     p.set_defaults(func=cmd_sample_images)
 

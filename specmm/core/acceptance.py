@@ -123,8 +123,12 @@ def accept(tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rul
            generators: Generators = None) -> AcceptResult:
     """Verify one tree per row: the greedy walk at temperature 0, else the sampled walk.
 
-    target_logits: [B, T, V] raw target logits after each node (processed here in the shared order).
+    target_logits: [B, T, V] raw target logits after each node (processed here in the shared order). A rule
+    with an `accept_tree` method with this signature verifies whole trees itself (image_ar's compiled rules).
     """
+    own = getattr(rule, "accept_tree", None)
+    if own is not None:
+        return own(tree, target_logits, sampling, generators)
     if sampling.greedy:
         check_rule(rule, sampling)
         return accept_greedy(tree, target_logits, rule)
@@ -167,19 +171,26 @@ def accept_greedy(tree: DraftTree, target_logits: Tensor, rule: AcceptanceRule =
                         diagnostics=diagnostics)
 
 
+def sampled_draws(tree: DraftTree, vocab: int, generators: Generators, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The random draws of `accept_sampled`, in its order: coins [B, D, C] and the final token's noise [B, V]."""
+    batch = tree.tokens.shape[0]
+    coins = uniform(batch, (max(tree.max_depth, 1), tree.max_children), generators, device)
+    return coins, exponential(batch, (vocab,), generators, device)
+
+
 def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule = EXACT,
-                   generators: Generators = None) -> AcceptResult:
+                   generators: Generators = None, draws: tuple[Tensor, Tensor] | None = None) -> AcceptResult:
     """Walk each row's tree from the root, trying children in sibling order (recursive rejection).
 
     target_probs: [B, T, V] processed target distribution after each node. All random draws are made up
     front (per row when per-row generators are given), so the walk has no host sync. A rule not declared
     exact has its `diagnostics` recorded for every accepted draft, against the distribution it was tested on.
+    `draws`: the `sampled_draws` made beforehand (a compiled walk takes them as inputs).
     """
     batch, nodes, vocab = target_probs.shape
     device = target_probs.device
     depth_levels, width = tree.max_depth, tree.max_children
-    coins = uniform(batch, (max(depth_levels, 1), width), generators, device)  # [B, D, C]
-    noise = exponential(batch, (vocab,), generators, device)  # [B, V] for the final token
+    coins, noise = draws if draws is not None else sampled_draws(tree, vocab, generators, device)  # [B, D, C], [B, V]
     rows = torch.arange(batch, device=device)
     children = tree.children  # [B, T, C]
     current = torch.zeros(batch, dtype=torch.long, device=device)

@@ -1,4 +1,5 @@
-"""Plain autoregressive sampling through the guided target: the baseline every speculative method matches."""
+"""Plain autoregressive sampling through the guided target: the baseline every speculative method matches. Each
+token is one `GuidedTarget.decode` step (a compiled graph in compiled mode)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import torch
 from torch import Tensor
 
 from specmm.core.finite import FiniteWatch
-from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample
-from specmm.core.tree import DraftTree
+from specmm.core.sampling import Generators, SamplingConfig, exponential, process_logits, sample
 from specmm.image_ar.target import GuidedTarget
 
 
@@ -18,13 +18,6 @@ def draw(logits: Tensor, sampling: SamplingConfig, generators: Generators) -> Te
     return sample(process_logits(logits, sampling), generators)
 
 
-def root_tree(tokens: Tensor) -> DraftTree:
-    """A one-node tree per row: verifying it is one plain decoding step."""
-    zeros = torch.zeros_like(tokens)[:, None]
-    return DraftTree(tokens=tokens[:, None], parents=zeros - 1, depth=zeros, valid=torch.ones_like(zeros).bool(),
-                     max_depth=0, max_children=1)
-
-
 @torch.no_grad()
 def generate_ar(target: GuidedTarget, first_logits: Tensor, num_tokens: int, sampling: SamplingConfig,
                 generators: Generators = None) -> Tensor:
@@ -32,12 +25,13 @@ def generate_ar(target: GuidedTarget, first_logits: Tensor, num_tokens: int, sam
     watch = FiniteWatch(target, "image token")  # NaN/inf logits raise at the end (no per-token host sync)
     watch.update(first_logits, 0)
     token = draw(first_logits, sampling, generators)
-    tokens = [token]
-    for i in range(1, num_tokens):
-        logits = target.verify(root_tree(token)).logits[:, 0]
+    batch, vocab = first_logits.shape
+    tokens = token.new_empty(batch, num_tokens)  # each token copied out at once (CUDA graphs reuse output buffers)
+    tokens[:, 0] = token
+    for i in range(1, num_tokens):  # noise first (what `sample` draws), then one decode step, compiled or not
+        noise = None if sampling.greedy else exponential(batch, (vocab,), generators, first_logits.device)
+        logits, token = target.decode(token, sampling, noise)
         watch.update(logits, i)
-        target.commit(torch.zeros_like(token)[:, None], torch.ones_like(token))
-        token = draw(logits, sampling, generators)
-        tokens.append(token)
+        tokens[:, i] = token
     watch.check()
-    return torch.stack(tokens, 1)
+    return tokens

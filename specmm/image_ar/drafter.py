@@ -2,7 +2,8 @@
 
 Runs on both guidance halves (cond and uncond target features, same tokens) and combines its logits with
 the target's guidance scale before the shared sampling order, as LANTERN's drafter does. The token
-embedding and output head are the target's own (frozen); only `fc` and the layer are trained.
+embedding and output head are the target's own (frozen); only `fc` and the layer are trained. Each head run is a
+module (`HeadRun`), compiled in compiled mode.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
+from specmm.core.compiled import StaticPlan
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
@@ -27,7 +29,8 @@ from specmm.image_ar.llamagen.gpt import (
     TransformerBlock,
     rope_table_2d,
 )
-from specmm.image_ar.target import GuidedTarget
+from specmm.image_ar.compiled import part, run, static_buffers
+from specmm.image_ar.target import GuidedTarget, cache_rows, combine, pack
 
 
 class DraftHead(nn.Module):
@@ -67,6 +70,8 @@ class ImageDrafter:
         self.vocab_size, self.device = gpt.config.vocab_size, gpt.tok_embeddings.weight.device
         self.draft_forwards = 0
         self.target: GuidedTarget | None = None
+        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: head runs compiled
+        self._kept: KVCache | None = None  # compiled mode: the head's cache, reused while its shape fits
 
     @classmethod
     def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
@@ -97,24 +102,6 @@ class ImageDrafter:
     def check_spec(self, spec: TreeSpec) -> None:
         return None
 
-    def _rows(self, x: Tensor) -> Tensor:
-        return torch.cat([x, x]) if self.target.guided else x
-
-    def _unpack(self, features: Tensor) -> Tensor:
-        """[B, n, F] packed halves -> [R, n, d]."""
-        return torch.cat(features.chunk(2, -1)) if self.target.guided else features
-
-    def _pack(self, features: Tensor) -> Tensor:
-        return torch.cat(features.chunk(2), -1) if self.target.guided else features
-
-    def _logits(self, hidden: Tensor) -> Tensor:
-        """Predicted features [R, n, d] -> guidance-combined logits [B, n, V]."""
-        logits = self.gpt.logits(hidden)
-        if not self.target.guided:
-            return logits
-        cond, uncond = logits.chunk(2)
-        return uncond + (cond - uncond) * self.target.cfg_scale
-
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         if self.target is None:
             raise ValueError("drafter: call bind(target) (ImageSampler does) before generating")
@@ -122,34 +109,108 @@ class ImageDrafter:
         rows = 2 * batch if self.target.guided else batch
         c = self.head.config
         ref = self.gpt.tok_embeddings.weight
-        self.cache = KVCache(1, rows, c.kv_heads, c.block_size + self.target.max_nodes + 1, c.head_dim, ref.dtype,
-                             ref.device)
+        length = c.block_size + self.target.max_nodes + 1
+        kept = self._kept
+        if self.static_plan is None or kept is None or kept.keys[0].shape[0] != rows or kept.length != length:
+            kept = KVCache(1, rows, c.kv_heads, length, c.head_dim, ref.dtype, ref.device)
+            static_buffers(kept.keys + kept.values, self.static_plan)
+        self.cache = kept
+        self._kept = kept if self.static_plan is not None else None  # compiled mode reuses it (stale slots are masked)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B] committed slots
         self.draft_forwards = 0
         self.pending = (input_ids[:, -1:], prefill.features, torch.ones_like(input_ids[:, -1:], dtype=torch.bool))
 
-    def _run(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor) -> Tensor:
-        """Run slots [B, n] (attend [B, n, S] bool) on both halves; returns predicted features [R, n, d]."""
-        self.draft_forwards += 1
-        embeds = self.gpt.tok_embeddings(self._rows(tokens))
-        return self.head(embeds, self._unpack(features), self._rows(cells), self._rows(attend)[:, None], self.cache,
-                         self._rows(slots))
-
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        """Run the pending tokens, then grow the tree. In compiled mode a deterministic tree (dynamic, static, or a
+        greedy chain) is drafted by one compiled graph; a sampled chain, which draws from the generators between
+        head runs, runs its head runs compiled one by one."""
         tokens, features, valid = self.pending
+        plan = self.static_plan
+        whole = plan is not None and plan.compile and (spec.kind != "chain" or sampling.greedy)
+        if spec.kind == "static":
+            spec.static_layout  # noqa: B018 (computed eagerly: a traced cached_property cannot take its lock)
+        out = run(part(self.head, DraftRound, self.gpt), plan if whole else None, roots=roots, tokens=tokens,
+                  features=features, valid=valid, lengths=self.lengths, cache=self.cache,
+                  cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,
+                  generators=None if whole else generators, head_plan=None if whole else plan)
+        self.lengths = out[-1]
+        self.draft_forwards += head_runs(spec)
+        return DraftTree(*out[:4], max_depth=spec.depth, max_children=spec.max_children, draft_probs=out[5],
+                         node_slots=out[4])
+
+    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
+        steps = torch.arange(result.path.shape[1], device=result.path.device)
+        self.pending = (accepted_tokens(tree, result), path_features, steps[None, :] <= result.num_accepted[:, None])
+
+    def select_rows(self, rows: Tensor) -> None:
+        kept = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
+        self.cache.select_rows(kept)
+        self._kept = None
+        self.lengths = self.lengths[rows]
+        self.pending = tuple(p[rows] for p in self.pending)
+
+
+def unpack(features: Tensor, guided: bool) -> Tensor:
+    """[B, n, F] packed halves -> [R, n, d]."""
+    return torch.cat(features.chunk(2, -1)) if guided else features
+
+
+class HeadRun(nn.Module):
+    """One drafter head run on both guidance halves (token embeddings, the head's layer, optionally logits)."""
+
+    def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        super().__init__()
+        self.head, self.gpt = head, gpt
+
+    def forward(self, tokens: Tensor, features: Tensor, cells: Tensor, slots: Tensor, attend: Tensor, cache: KVCache,
+                cfg_scale: Tensor, guided: bool, logits: bool) -> tuple[Tensor, Tensor | None]:
+        embeds = self.gpt.tok_embeddings(cache_rows(tokens, guided))
+        hidden = self.head(embeds, unpack(features, guided), cache_rows(cells, guided),
+                           cache_rows(attend, guided)[:, None], cache, cache_rows(slots, guided))
+        if not logits:
+            return hidden, None
+        return hidden, combine(self.gpt.logits(hidden), None, cfg_scale, guided, -1)
+
+
+def head_runs(spec: TreeSpec) -> int:
+    """Head runs of one round: the pending tokens, then one per tree level that has children to draft."""
+    if spec.kind != "static":
+        return spec.depth
+    parents, _, depths = spec.static_layout
+    return 1 + len({depths[p] for p in parents[1:] if p > 0})
+
+
+class DraftRound(nn.Module):
+    """One drafter round: run the pending tokens (accepted last round) to get the root's hidden state, then grow
+    the tree with `grow_tree`, each expansion one head run over the new nodes."""
+
+    def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        super().__init__()
+        self.run_head = part(head, HeadRun, gpt)
+        self.block = head.config.block_size
+
+    def forward(self, roots: Tensor, tokens: Tensor, features: Tensor, valid: Tensor, lengths: Tensor, cache: KVCache,
+                cfg_scale: Tensor, guided: bool, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
+                head_plan: StaticPlan | None) -> tuple:
+        """-> the tree's tokens, parents, depth, valid, node_slots, draft_probs, and the new lengths [B]."""
         batch, width = tokens.shape
         device = tokens.device
-        keys = torch.arange(self.cache.length, device=device)
-        steps = torch.arange(width, device=device)
-        slots = self.lengths[:, None] + steps  # [B, P] valid entries are a prefix
-        out = self._run(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
-        last = valid.sum(1) - 1
+        length = cache.length
+
+        def head(new_tokens, new_features, cells, slots, attend, logits=False):
+            return run(self.run_head, head_plan, tokens=new_tokens, features=new_features, cells=cells, slots=slots,
+                       attend=attend, cache=cache, cfg_scale=cfg_scale, guided=guided, logits=logits)
+
+        keys = torch.arange(length, device=device)
+        slots = lengths[:, None] + torch.arange(width, device=device)  # [B, P] valid entries are a prefix
+        out, _ = head(tokens, features, slots, slots, keys[None, None, :] <= slots[:, :, None])
         rows = torch.arange(batch, device=device)
-        root_hidden = self._pack(out)[rows, last]  # [B, F]
-        self.lengths = self.lengths + valid.sum(1)
-        root_cell = self.lengths - 1  # [B] image index of the root
-        committed = keys[None, :] < self.lengths[:, None]  # [B, S]
+        root_hidden = pack(out, guided)[rows, valid.sum(1) - 1]  # [B, F]
+        # rows that stopped but stay in a compiled batch keep running their root: held at the block
+        lengths = (lengths + valid.sum(1)).clamp(max=self.block)
+        root_cell = lengths - 1  # [B] image index of the root
+        committed = keys[None, :] < lengths[:, None]  # [B, S]
         round_slots = RoundSlots(root_hidden)
         ancestry: list[Tensor] = []  # per run: [B, n, S] round slots each node sees (itself included)
 
@@ -157,28 +218,20 @@ class ImageDrafter:
             n = new_tokens.shape[1]
             depth = round_slots.child_depth(parent_slots)  # [B, n]
             first = sum(a.shape[1] for a in ancestry)
-            node_slots = self.lengths[:, None] + first + torch.arange(n, device=device)  # [B, n]
-            seen = torch.zeros(batch, n, self.cache.length, dtype=torch.bool, device=device)
+            node_slots = lengths[:, None] + first + torch.arange(n, device=device)  # [B, n]
+            seen = torch.zeros(batch, n, length, dtype=torch.bool, device=device)
             if ancestry:
                 previous = torch.cat(ancestry, 1)  # [B, R, S]
-                parent_view = previous.gather(1, parent_slots.clamp_min(0)[:, :, None].expand(-1, -1, seen.shape[2]))
+                parent_view = previous.gather(1, parent_slots.clamp_min(0)[:, :, None].expand(-1, -1, length))
                 seen |= parent_view & (parent_slots >= 0)[:, :, None]
             seen.scatter_(2, node_slots[:, :, None], True)
             ancestry.append(seen)
-            hidden = self._run(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
-                               node_slots, committed[:, None, :] | seen)
-            round_slots.add(depth, self._pack(hidden))
-            return self._logits(hidden)
+            hidden, logits = head(new_tokens, round_slots.parent_hidden(parent_slots), root_cell[:, None] + depth,
+                                  node_slots, committed[:, None, :] | seen, logits=True)
+            round_slots.add(depth, pack(hidden, guided))
+            return logits
 
-        root_logits = self._logits(self._unpack(root_hidden[:, None]))[:, 0]
-        return grow_tree(spec, roots, root_logits, expand, sampling, generators)
-
-    def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
-        steps = torch.arange(result.path.shape[1], device=result.path.device)
-        self.pending = (accepted_tokens(tree, result), path_features, steps[None, :] <= result.num_accepted[:, None])
-
-    def select_rows(self, rows: Tensor) -> None:
-        cache_rows = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
-        self.cache.select_rows(cache_rows)
-        self.lengths = self.lengths[rows]
-        self.pending = tuple(p[rows] for p in self.pending)
+        root_logits = combine(self.run_head.gpt.logits(unpack(root_hidden[:, None], guided)), None, cfg_scale, guided,
+                              -1)[:, 0]
+        tree = grow_tree(spec, roots, root_logits, expand, sampling, generators)
+        return tree.tokens, tree.parents, tree.depth, tree.valid, tree.node_slots, tree.draft_probs, lengths

@@ -17,16 +17,17 @@ def make_sampler(lg: LlamaGen, method: str, drafter: ImageDrafter | None = None,
                  init: str = "random", tree: TreeSpec | None = None, lantern_k: int = 1000, delta: float = 0.1,
                  lam: float = 5.0, lantern_pp_k: int = 10, gsd_window: int = 14, gsd_p_gap: float = 0.15,
                  gsd_quantile: float = 0.05,
-                 cfg_interval: int = -1) -> ImageSampler:
-    """exact uses the drafter when given (else Jacobi); sjd and gsd use Jacobi; lantern(++) need a drafter."""
+                 cfg_interval: int = -1, compile: bool = False) -> ImageSampler:
+    """exact uses the drafter when given (else Jacobi); sjd and gsd use Jacobi; lantern(++) need a drafter.
+    `compile=True`: the compiled fast path (`ImageSampler(compile=True)`)."""
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if method in NEEDS_DRAFTER and drafter is None:
         raise ValueError(f"drafter: method {method!r} needs a trained image drafter (--drafter DIR)")
-    common = {"window": window, "init": init, "cfg_interval": cfg_interval}
+    common = {"window": window, "init": init, "cfg_interval": cfg_interval, "compile": compile}
     codes = lg.config.vocab_size
     if method == "ar":
-        return ImageSampler(lg, proposer="ar", cfg_interval=cfg_interval)
+        return ImageSampler(lg, proposer="ar", cfg_interval=cfg_interval, compile=compile)
     if method == "exact":
         return ImageSampler(lg, proposer=drafter or "jacobi", acceptance=Exact(), tree=tree, **common)
     if method == "sjd":

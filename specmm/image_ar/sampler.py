@@ -2,7 +2,9 @@
 
 The core `SpeculativeGenerator` runs everything through its public round step: the guided target's conditioning
 prefill gives image token 0, then rounds of draft -> verify -> accept (ragged rows, per-row generators).
-`proposer="ar"` is the plain one-token-per-forward baseline.
+`proposer="ar"` is the plain one-token-per-forward baseline. `compile=True` is the fast path for every proposer:
+the verify, commit, draft and acceptance parts run compiled with static shapes over LlamaGen's own static caches
+(`specmm.image_ar.compiled`), rows stay in the batch until all are done, and a round makes one host sync.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from PIL import Image
 from torch import Tensor
 
 from specmm.core.acceptance import AcceptanceRule
+from specmm.core.compiled import CompileClock
 from specmm.core.engine import SpeculativeGenerator, synchronize
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.stats import GenerationStats, ImageExtras
 from specmm.core.tree import TreeSpec
 from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern
 from specmm.image_ar.autoregressive import generate_ar
+from specmm.image_ar.compiled import CompiledRule, image_plan
 from specmm.image_ar.drafter import ImageDrafter
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.jacobi import JacobiProposer
@@ -40,11 +44,12 @@ class ImageSample:
 
 class ImageSampler:
     """Sample images from a LlamaGen with `proposer` ('ar' | 'jacobi' | an ImageDrafter) and `acceptance`
-    ('exact' | 'sjd' | a rule object such as Lantern, LanternPP, GSD)."""
+    ('exact' | 'sjd' | a rule object such as Lantern, LanternPP, GSD); `compile=True` for the compiled fast path
+    (the same tokens; the first call of each batch size, window or tree compiles)."""
 
     def __init__(self, lg: LlamaGen, proposer: str | ImageDrafter = "jacobi",
                  acceptance: str | AcceptanceRule = "exact", tree: TreeSpec | None = None, window: int = 16,
-                 init: str = "random", cfg_interval: int = -1):
+                 init: str = "random", cfg_interval: int = -1, compile: bool = False, profile: bool = False):
         if not isinstance(lg, LlamaGen):
             raise ValueError(f"lg: expected a LlamaGen, got {type(lg).__name__}")  # noqa: TRY004 (project: ValueError)
         self.lg, self.target = lg, GuidedTarget(lg.gpt)
@@ -70,6 +75,10 @@ class ImageSampler:
         if isinstance(cfg_interval, bool) or not isinstance(cfg_interval, int) or cfg_interval < -1:
             raise ValueError(f"cfg_interval: expected -1 (always) or a token index >= 0, got {cfg_interval!r}")
         self.cfg_interval = cfg_interval
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile: expected True or False, got {compile!r}")
+        self.compile = compile
+        self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
 
     def _check(self, conditions, cfg_scale: float) -> Tensor:
         if not isinstance(cfg_scale, (int, float)) or isinstance(cfg_scale, bool) or not math.isfinite(cfg_scale):
@@ -98,7 +107,9 @@ class ImageSampler:
         if self.proposer is None or n == 1:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
-            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule)
+            rule = CompiledRule(self.rule, image_plan(self.target.device)) if self.compile else self.rule
+            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=rule, compile=self.compile,
+                                       profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = out.sequences[:, :n], out.stats
         stats.image = ImageExtras(tokens_per_row=n)
@@ -109,6 +120,8 @@ class ImageSampler:
                    generator: Generators) -> tuple[Tensor, GenerationStats]:
         """Plain decoding, one target forward per token: the baseline, with the same stats."""
         device, batch = self.target.device, prompt.shape[0]
+        self.target.static_plan = image_plan(device) if self.compile else None
+        compiling_before = CompileClock.seconds
         synchronize(device)
         started = time.perf_counter()
         self.target.start(batch)
@@ -117,5 +130,5 @@ class ImageSampler:
         synchronize(device)
         stats = GenerationStats(target_forwards=n, new_tokens=batch * n, wall_time_s=time.perf_counter() - started,
                                 new_tokens_per_row=[n] * batch, target_forwards_per_row=[n] * batch,
-                                accepted_histogram=[batch * n])
+                                accepted_histogram=[batch * n], compile_time_s=CompileClock.seconds - compiling_before)
         return tokens, stats

@@ -3,7 +3,8 @@
 Both halves get the same draft tokens, tree masks and commits; logits are combined as
 l_u + s (l_c - l_u) before the shared sampling order (guidance switched off past `cfg_interval`, as
 upstream). Rows are ragged: row b has committed `lengths[b]` image tokens, and a round's tree nodes sit in
-the cache slots right after them.
+the cache slots right after them. The verify and the commit are modules (`GuidedVerify`, `CacheCommit`) that
+compiled mode (`static_plan` set) runs compiled over a cache kept across generations of the same shape.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torch import nn
+
+from specmm.core.compiled import StaticPlan
+from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
 from specmm.core.target import FEATURES, PrefillOutput, TargetOutput
-from specmm.core.tree import DraftTree
+from specmm.core.tree import DraftTree, ancestor_mask
+from specmm.image_ar.compiled import part, run, static_buffers
 from specmm.image_ar.llamagen.gpt import KVCache, LlamaGenGPT
 
 
@@ -34,6 +40,8 @@ class GuidedTarget:
         self.cache: KVCache | None = None
         self.needs: frozenset[str] = frozenset()
         self.last_logits: Tensor | None = None  # [B, T, V] combined logits of the last verify (Jacobi reads them)
+        self.static_plan: StaticPlan | None = None  # set by the engine (or ImageSampler) in compiled mode
+        self._kept: KVCache | None = None  # compiled mode: the cache, reused while its shape fits
 
     # ------------------------------------------------------------------ setup
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
@@ -64,13 +72,14 @@ class GuidedTarget:
             raise ValueError(f"conditions: {conditions.shape[0]} rows for a batch of {self.batch}")
         c = self.config
         self.cfg_scale, self.cfg_interval, self.guided = float(cfg_scale), int(cfg_interval), cfg_scale > 1.0
+        self.cfg_tensor = torch.tensor(self.cfg_scale, device=self.device)  # an input, so no graph per scale
         batch = conditions.shape[0]
         embeds = self.gpt.condition_embeddings(conditions)  # [B, cls, d]
         if self.guided:
             embeds = torch.cat([embeds, self.gpt.condition_embeddings(self.gpt.null_conditions(conditions))])
         rows, cls = embeds.shape[0], c.cls_token_num
         self.batch, self.max_nodes = batch, max_nodes
-        self.cache = self.gpt.new_cache(rows, cls + c.block_size + max_nodes)
+        self.cache = self._new_cache(rows, cls + c.block_size + max_nodes)
         length = self.cache.length
         self.key_valid = torch.ones(rows, length, dtype=torch.bool, device=self.device)  # [R, S]
         if caption_mask is not None:  # padded caption tokens are hidden from every query (both halves)
@@ -82,68 +91,149 @@ class GuidedTarget:
         rope = self.gpt.rope[:cls].expand(rows, -1, -1, -1)
         features = self.gpt.hidden(embeds, rope, attend[:, None], self.cache, slots.expand(rows, cls))
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] committed image tokens
-        first = self._combine(self.gpt.logits(features[:, -1:]),
-                              torch.zeros(batch, 1, dtype=torch.long, device=self.device))[:, 0]
-        return PrefillOutput(features=self._pack(features[:, -1:]), next_logits=first)  # [B, 1, F], [B, V]
+        predicted = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        first = combine(self.gpt.logits(features[:, -1:]), predicted, self.cfg_tensor, self.guided, self.cfg_interval)
+        return PrefillOutput(features=pack(features[:, -1:], self.guided), next_logits=first[:, 0])  # [B, 1, F], [B, V]
+
+    def _new_cache(self, rows: int, length: int) -> KVCache:
+        """A fresh cache, or in compiled mode the kept one when its shape fits (stale slots are always masked)."""
+        if self.static_plan is None:
+            return self.gpt.new_cache(rows, length)
+        kept = self._kept
+        if kept is None or kept.keys[0].shape[0] != rows or kept.length != length:
+            kept = self._kept = self.gpt.new_cache(rows, length)
+            static_buffers(kept.keys + kept.values, self.static_plan)
+        return kept
 
     def close(self) -> None:
         return None
 
     # ------------------------------------------------------------------ rounds
-    def _rows(self, x: Tensor) -> Tensor:
-        """Per-row values [B, ...] -> cache rows [R, ...] (both guidance halves)."""
-        return torch.cat([x, x]) if self.guided else x
-
-    def _pack(self, features: Tensor) -> Tensor:
-        """[R, n, d] -> [B, n, F]: cond and uncond features side by side (F = 2d when guided)."""
-        return torch.cat(features.chunk(2), -1) if self.guided else features
-
-    def _combine(self, logits: Tensor, predicted: Tensor) -> Tensor:
-        """[R, n, V] -> [B, n, V]; `predicted` [B, n] is the image index each position predicts."""
-        if not self.guided:
-            return logits
-        cond, uncond = logits.chunk(2)
-        guided = uncond + (cond - uncond) * self.cfg_scale
-        if self.cfg_interval < 0:
-            return guided
-        return torch.where((predicted <= self.cfg_interval + 1)[..., None], guided, cond)
 
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:
         """Run every node after each row's committed tokens; logits[:, i] predicts the token after node i."""
-        c = self.config
-        batch, nodes = tree.tokens.shape
+        nodes = tree.tokens.shape[1]
         if nodes > self.max_nodes:
             raise ValueError(f"tree: {nodes} nodes exceed the {self.max_nodes} reserved by begin(max_nodes=...)")
-        index = self.lengths[:, None] + tree.depth  # [B, T] image index of each node
-        start = c.cls_token_num + self.lengths  # [B] first round slot
-        slots = start[:, None] + torch.arange(nodes, device=self.device)  # [B, T]
-        length = self.cache.length
-        keys = torch.arange(length, device=self.device)
-        committed = keys[None, :] < start[:, None]  # [B, S]
-        in_tree = torch.zeros(batch, nodes, length, dtype=torch.bool, device=self.device)
-        in_tree.scatter_(2, slots[:, None, :].expand(batch, nodes, nodes), tree.ancestors)  # [B, T, S]
-        attend = self._rows(committed[:, None, :] | in_tree) & self.key_valid[:, None, :]  # [R, T, S]
-        rope_rows = c.cls_token_num + index.clamp(max=c.block_size - 1)  # nodes past the end: never kept
-        rope = self.gpt.rope[self._rows(rope_rows)]  # [R, T, hd/2, 2]
-        embeds = self.gpt.tok_embeddings(self._rows(tree.tokens))
-        features = self.gpt.hidden(embeds, rope, attend[:, None], self.cache, self._rows(slots))
-        logits = self._combine(self.gpt.logits(features), index + 1)
+        logits, features = run(part(self.gpt, GuidedVerify), self.static_plan, tokens=tree.tokens,
+                               parents=tree.parents, depth=tree.depth, lengths=self.lengths, key_valid=self.key_valid,
+                               cache=self.cache, cfg_scale=self.cfg_tensor, max_depth=tree.max_depth,
+                               guided=self.guided, cfg_interval=self.cfg_interval, features=FEATURES in self.needs)
         self.last_logits = logits
-        return TargetOutput(logits=logits, features=self._pack(features) if FEATURES in self.needs else None)
+        return TargetOutput(logits=logits, features=features)
+
+    @torch.no_grad()
+    def decode(self, token: Tensor, sampling: SamplingConfig, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """One plain decoding step (`DecodeStep`): run token [B], commit it, draw the next with `noise` [B, V]
+        (Exp(1) draws; None when greedy). Returns the combined logits [B, V] and the next token [B]."""
+        logits, token, self.lengths = run(part(self.gpt, DecodeStep), self.static_plan, token=token,
+                                          lengths=self.lengths, key_valid=self.key_valid, cache=self.cache,
+                                          cfg_scale=self.cfg_tensor, guided=self.guided, cfg_interval=self.cfg_interval,
+                                          sampling=sampling, noise=noise)
+        return logits, token
 
     def commit(self, path: Tensor, counts: Tensor) -> None:
         """Move the kept nodes `path[b, :counts[b]]` next to the committed tokens, on both halves."""
-        start = self.config.cls_token_num + self.lengths
-        steps = torch.arange(path.shape[1], device=self.device)
-        self.cache.move(self._rows(start[:, None] + path), self._rows(start[:, None] + steps))
-        self.lengths = self.lengths + counts
+        self.lengths = run(part(self.gpt, CacheCommit), self.static_plan, cache=self.cache, path=path, counts=counts,
+                           lengths=self.lengths, guided=self.guided)
 
     def select_rows(self, rows: Tensor) -> None:
-        cache_rows = torch.cat([rows, rows + self.batch]) if self.guided else rows
-        self.cache.select_rows(cache_rows)
-        self.key_valid = self.key_valid[cache_rows]
+        self._kept = None  # the cache gets new (narrower) buffers
+        kept = torch.cat([rows, rows + self.batch]) if self.guided else rows
+        self.cache.select_rows(kept)
+        self.key_valid = self.key_valid[kept]
         self.lengths = self.lengths[rows]
         self.batch = rows.numel()
         if self.last_logits is not None:
             self.last_logits = self.last_logits[rows]
+
+
+def cache_rows(x: Tensor, guided: bool) -> Tensor:
+    """Per-row values [B, ...] -> cache rows [R, ...] (both guidance halves)."""
+    return torch.cat([x, x]) if guided else x
+
+
+def pack(features: Tensor, guided: bool) -> Tensor:
+    """[R, n, d] -> [B, n, F]: cond and uncond features side by side (F = 2d when guided)."""
+    return torch.cat(features.chunk(2), -1) if guided else features
+
+
+def combine(logits: Tensor, predicted: Tensor, cfg_scale: Tensor, guided: bool, cfg_interval: int) -> Tensor:
+    """[R, n, V] -> [B, n, V]; `predicted` [B, n] is the image index each position predicts."""
+    if not guided:
+        return logits
+    cond, uncond = logits.chunk(2)
+    mixed = uncond + (cond - uncond) * cfg_scale
+    if cfg_interval < 0:
+        return mixed
+    return torch.where((predicted <= cfg_interval + 1)[..., None], mixed, cond)
+
+
+class GuidedVerify(nn.Module):
+    """One verify forward over both guidance halves: tree masks, 2-D RoPE rows, the GPT, guidance."""
+
+    def __init__(self, gpt: LlamaGenGPT):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, tokens: Tensor, parents: Tensor, depth: Tensor, lengths: Tensor, key_valid: Tensor,
+                cache: KVCache, cfg_scale: Tensor, max_depth: int, guided: bool, cfg_interval: int,
+                features: bool) -> tuple[Tensor, Tensor | None]:
+        """tokens/parents/depth [B, T] of the tree, lengths [B] committed tokens -> logits [B, T, V] (and
+        packed features [B, T, F] when asked)."""
+        gpt, c = self.gpt, self.gpt.config
+        batch, nodes = tokens.shape
+        device = tokens.device
+        index = lengths[:, None] + depth  # [B, T] image index of each node
+        start = c.cls_token_num + lengths  # [B] first round slot
+        slots = start[:, None] + torch.arange(nodes, device=device)  # [B, T]
+        length = key_valid.shape[1]
+        committed = torch.arange(length, device=device)[None, :] < start[:, None]  # [B, S]
+        ancestors = ancestor_mask(parents, depth, max_depth)  # [B, T, T]
+        in_tree = torch.zeros(batch, nodes, length, dtype=torch.bool, device=device)
+        in_tree.scatter_(2, slots[:, None, :].expand(batch, nodes, nodes), ancestors)  # [B, T, S]
+        attend = cache_rows(committed[:, None, :] | in_tree, guided) & key_valid[:, None, :]  # [R, T, S]
+        rope_rows = c.cls_token_num + index.clamp(max=c.block_size - 1)  # nodes past the end: never kept
+        rope = gpt.rope[cache_rows(rope_rows, guided)]  # [R, T, hd/2, 2]
+        embeds = gpt.tok_embeddings(cache_rows(tokens, guided))
+        hidden = gpt.hidden(embeds, rope, attend[:, None], cache, cache_rows(slots, guided))
+        logits = combine(gpt.logits(hidden), index + 1, cfg_scale, guided, cfg_interval)
+        return logits, (pack(hidden, guided) if features else None)
+
+
+class CacheCommit(nn.Module):
+    """Move each row's kept nodes next to its committed tokens on both halves; returns the new lengths."""
+
+    def __init__(self, gpt: LlamaGenGPT):
+        super().__init__()
+        self.cls, self.block = gpt.config.cls_token_num, gpt.config.block_size
+
+    def forward(self, cache: KVCache, path: Tensor, counts: Tensor, lengths: Tensor, guided: bool) -> Tensor:
+        start = self.cls + lengths
+        steps = torch.arange(path.shape[1], device=path.device)
+        cache.move(cache_rows(start[:, None] + path, guided), cache_rows(start[:, None] + steps, guided))
+        # live rows never pass the block (the engine cuts nodes past each row's budget); rows that stopped but stay
+        # in a compiled batch keep committing their root and are held at the block, their slots junk nobody reads
+        return (lengths + counts).clamp(max=self.block)
+
+
+class DecodeStep(nn.Module):
+    """Plain decoding: verify the last token as a one-node tree, commit it, draw the next token."""
+
+    def __init__(self, gpt: LlamaGenGPT):
+        super().__init__()
+        self.verify, self.commit = part(gpt, GuidedVerify), part(gpt, CacheCommit)
+
+    def forward(self, token: Tensor, lengths: Tensor, key_valid: Tensor, cache: KVCache, cfg_scale: Tensor,
+                guided: bool, cfg_interval: int, sampling: SamplingConfig,
+                noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        zeros = torch.zeros_like(token)[:, None]
+        logits, _ = self.verify(tokens=token[:, None], parents=zeros - 1, depth=zeros, lengths=lengths,
+                                key_valid=key_valid, cache=cache, cfg_scale=cfg_scale, max_depth=0, guided=guided,
+                                cfg_interval=cfg_interval, features=False)
+        lengths = self.commit(cache=cache, path=zeros, counts=torch.ones_like(token), lengths=lengths, guided=guided)
+        logits = logits[:, 0]
+        if sampling.greedy:
+            return logits, logits.argmax(-1), lengths
+        return logits, sample_with_noise(process_logits(logits, sampling), noise), lengths

@@ -46,3 +46,25 @@ def test_bench_image_ar_resumes_finished_rows(tmp_path, monkeypatch):
     assert main([*args, "--resume"]) == 0
     assert calls[3:] == ["again"]  # only SJD ran again
     assert json.loads((out / "r.json").read_text())["rows"][1]["method"] == "sjd (bs 2)"
+
+
+def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tmp_path, monkeypatch):
+    """--compile: every method again compiled (dynamo's eager backend here: capture without codegen), compile time
+    from the warm-up only, the speedup against the faster AR row, a round split for the speculative rows."""
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
+    out = tmp_path / "bench"
+    assert main(["bench", "image_ar", "--scale", "tiny", "--images", "3", "--batch-sizes", "2", "--window", "4",
+                 "--methods", "ar,sjd", "--top-k", "8", "--compile", "--out", str(out), "--name", "c"]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "c.json").read_text())["rows"]}
+    assert list(rows) == ["ar (bs 2)", "sjd (bs 2)", "ar, compiled (bs 2)", "sjd, compiled (bs 2)"]
+    assert [r["baseline"] for r in rows.values()] == [True, False, True, False]
+    assert [r["compiled"] for r in rows.values()] == [False, False, True, True]
+    compiled = [rows["ar, compiled (bs 2)"], rows["sjd, compiled (bs 2)"]]
+    assert all(r["compile_s"] > 0 and r["timed_compiles"] == 0 for r in compiled)  # 3 images: batches of 2 and 1
+    assert rows["ar (bs 2)"]["compile_s"] == 0.0 and rows["sjd, compiled (bs 2)"]["matched"] is True
+    best = max((r for r in rows.values() if r["baseline"]), key=lambda r: r["speedup"])
+    assert best["speedup_vs_best_ar"] == 1.0
+    assert all(r["speedup_vs_best_ar"] == r["speedup"] / best["speedup"] for r in rows.values())
+    assert set(rows["sjd, compiled (bs 2)"]["round_ms"]) == {"draft", "verify", "accept_commit", "other"}
+    assert rows["ar, compiled (bs 2)"]["round_ms"] == {}

@@ -78,3 +78,11 @@ def test_bad_counts_and_values_are_usage_errors_naming_the_argument(tmp_path, ca
         main([*ARGS, "--classes", "1", flag, value, "--out", str(tmp_path / "a")])
     assert exit_info.value.code == 2
     assert f"argument {flag}: expected" in capsys.readouterr().err
+
+
+def test_sample_images_compile_writes_the_same_images(tmp_path, monkeypatch):
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")  # dynamo capture, no kernel codegen
+    outs = [tmp_path / "eager", tmp_path / "compiled"]
+    for out, flag in zip(outs, ([], ["--compile"])):
+        assert main([*ARGS, "--classes", "1", "--method", "ar", "--out", str(out), *flag]) == 0
+    assert pngs(outs[0]) == pngs(outs[1]) and len(pngs(outs[1])) == 2
