@@ -123,12 +123,8 @@ def accept(tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rul
            generators: Generators = None) -> AcceptResult:
     """Verify one tree per row: the greedy walk at temperature 0, else the sampled walk.
 
-    target_logits: [B, T, V] raw target logits after each node (processed here in the shared order). A rule
-    with an `accept_tree` method with this signature verifies whole trees itself (image_ar's compiled rules).
+    target_logits: [B, T, V] raw target logits after each node (processed here in the shared order).
     """
-    own = getattr(rule, "accept_tree", None)
-    if own is not None:
-        return own(tree, target_logits, sampling, generators)
     if sampling.greedy:
         check_rule(rule, sampling)
         return accept_greedy(tree, target_logits, rule)

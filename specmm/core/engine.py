@@ -24,6 +24,7 @@ from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.compiled import CompileClock, StaticPlan
+from specmm.core.compiled_accept import accept_compiled
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.finite import stopped
@@ -120,6 +121,7 @@ class SpeculativeGenerator:
         self.compile = compile
         self.profile = bool(profile)
         self.timer: RoundTimer | None = None
+        self._plan: StaticPlan | None = None  # compiled mode's plan of the current generation
         if compile:
             self._check_fast_path()
 
@@ -197,7 +199,7 @@ class SpeculativeGenerator:
         only, a token drawn from the target's prefill logits (the caller counts it as generated).
         """
         target, drafter = self.target, self.drafter
-        plan = self.static_plan(input_ids.shape[1], max_new_tokens) if self.compile else None
+        plan = self._plan = self.static_plan(input_ids.shape[1], max_new_tokens) if self.compile else None
         for part in (target, drafter):  # a part shared with an eager generator goes back to eager there
             if hasattr(part, "static_plan"):
                 part.static_plan = plan
@@ -240,7 +242,10 @@ class SpeculativeGenerator:
             logits = self.processor(logits, tree, history)
         if timer is not None:
             timer.mark("verify")
-        result = accept(tree, logits, sampling, self.rule, generators)
+        if self._plan is not None:  # the walk as one compiled graph, same draws, same tokens
+            result = accept_compiled(tree, logits, sampling, self.rule, generators, self._plan)
+        else:
+            result = accept(tree, logits, sampling, self.rule, generators)
         if alive is not None:
             result.num_accepted = torch.where(alive, result.num_accepted, 0)
         target.commit(result.path, result.num_accepted + 1)

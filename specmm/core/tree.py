@@ -118,16 +118,24 @@ class DraftTree:
         rows = self.ancestors[torch.arange(node.shape[0], device=node.device), node]  # [B, T]
         levels = torch.arange(self.max_depth + 1, device=node.device)
         at_level = rows[:, None, :] & (self.depth[:, None, :] == levels[None, :, None])  # [B, D+1, T]
-        return at_level.to(torch.uint8).argmax(-1)
+        # at most one ancestor per level: the sum of indices picks it (0 past the node's depth); no argmax over
+        # bools, which inductor's CPU code gets wrong for all-False rows
+        nodes = torch.arange(self.tokens.shape[1], device=node.device)
+        return (at_level.long() * nodes).sum(-1)
 
 
 def limit_depth(tree: DraftTree, max_depth: Tensor) -> DraftTree:
     """Row b keeps only nodes at depth <= max_depth[b] ([B]) whose ancestors are all valid; the others become
     invalid padding at depth 0, so verification runs them at the root's position (never past a position
     limit or a row's token budget) and ignores them."""
+    ancestors = tree.ancestors  # [B, T, T]
     valid = tree.valid & (tree.depth <= max_depth[:, None])
-    valid = ~((~valid)[:, None, :] & tree.ancestors).any(-1)  # [B, T] every ancestor-or-self kept
-    return dataclasses.replace(tree, valid=valid, depth=torch.where(valid, tree.depth, 0))
+    valid = ~((~valid)[:, None, :] & ancestors).any(-1)  # [B, T] every ancestor-or-self kept
+    limited = dataclasses.replace(tree, valid=valid, depth=torch.where(valid, tree.depth, 0))
+    # kept nodes keep their ancestors; a node cut to depth 0 is its own only ancestor (as `ancestor_mask` says)
+    eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
+    limited.__dict__["ancestors"] = torch.where(valid[:, :, None], ancestors, eye)
+    return limited
 
 
 def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:

@@ -25,7 +25,7 @@ from specmm.core.stats import GenerationStats, ImageExtras
 from specmm.core.tree import TreeSpec
 from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern
 from specmm.image_ar.autoregressive import generate_ar
-from specmm.image_ar.compiled import CompiledRule, image_plan
+from specmm.image_ar.compiled import image_plan
 from specmm.image_ar.drafter import ImageDrafter
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.jacobi import JacobiProposer
@@ -107,8 +107,7 @@ class ImageSampler:
         if self.proposer is None or n == 1:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
-            rule = CompiledRule(self.rule, image_plan(self.target.device)) if self.compile else self.rule
-            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=rule, compile=self.compile,
+            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule, compile=self.compile,
                                        profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = out.sequences[:, :n], out.stats

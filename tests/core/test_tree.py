@@ -9,7 +9,7 @@ import torch
 
 import specmm
 from specmm.core.sampling import SamplingConfig
-from specmm.core.tree import DraftTree, grow_tree, limit_depth
+from specmm.core.tree import DraftTree, ancestor_mask, grow_tree, limit_depth
 
 
 def random_tree(batch=3, nodes=9, seed=0) -> DraftTree:
@@ -123,3 +123,5 @@ def test_limit_depth_keeps_nodes_within_each_rows_budget_and_parks_the_rest_at_t
             assert int(cut.depth[b, i]) == (int(tree.depth[b, i]) if keep else 0)
     kept = cut.ancestors & cut.valid[:, :, None]
     assert torch.equal(kept, tree.ancestors & cut.valid[:, :, None])  # kept nodes keep their paths
+    # the carried-over ancestor table is exactly what the cut tree's own parents and depths give
+    assert torch.equal(cut.ancestors, ancestor_mask(cut.parents, cut.depth, cut.max_depth))
