@@ -156,10 +156,10 @@ def run_command(args, command: str) -> int:
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
     draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device).draft
+    dynamic = specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
-                          dynamic=specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k,
-                                                          total_tokens=args.total_tokens), repeats=args.repeats,
-                          warmup=args.warmup, modes=("eager", "compiled") if args.compile else ("eager",))
+                          dynamic=dynamic, repeats=args.repeats, warmup=args.warmup,
+                          modes=("eager", "compiled") if args.compile else ("eager",))
     for role in args.targets:
         target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device)
         batch = tokenizer(prompts[: args.batch_size], return_tensors="pt", padding=True).to(device)

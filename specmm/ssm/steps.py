@@ -82,17 +82,21 @@ class TreeVerify(nn.Module):
 class StateCommit(nn.Module):
     """Write the states after node path[b, counts[b] - 1] of the last verify into `conv`/`ssm`, in place.
 
-    Rows with counts 0 keep their states. `replay` re-runs the recurrence over the accepted inputs (the vanilla
-    baseline) instead of the closed form. `ancestors` [B, n, n] is the verify's, passed so a new tree shape is a
-    new compiled shape.
+    Rows with counts 0 keep their states. `replay=True` re-runs the recurrence over the accepted inputs (the
+    vanilla baseline) instead of using the closed form. `ancestors` [B, n, n] is the verify's, passed so a new
+    tree shape counts as a new compiled shape.
     """
 
+    def __init__(self, replay: bool = False):
+        super().__init__()
+        self.replay = replay
+
     def forward(self, records: dict[int, TreeRecord], path: Tensor, counts: Tensor, ancestors: Tensor,
-                conv: dict[int, Tensor], ssm: dict[int, Tensor], replay: bool = False) -> Tensor:
+                conv: dict[int, Tensor], ssm: dict[int, Tensor]) -> Tensor:
         keep = counts > 0  # [B]
         last = path.gather(1, (counts - 1).clamp_min(0)[:, None])[:, 0]  # [B]
         for layer, record in records.items():
-            if replay:
+            if self.replay:
                 new_conv, new_ssm = replay_state(record, path, counts.clamp_min(1))
             else:
                 new_conv, new_ssm = commit_state(record, last)
@@ -102,13 +106,13 @@ class StateCommit(nn.Module):
 
 
 class TreeSteps:
-    """The tree pass, verify and commit modules of one model."""
+    """The tree pass, verify and commit modules of one model (`commits[replay]`: closed form or replay)."""
 
     def __init__(self, model: nn.Module, mixers: dict[int, nn.Module]):
         kernel = next(iter(mixers.values())).conv_kernel_size
         self.tree_pass = TreePass(mixers)
         self.verify = TreeVerify(model, self.tree_pass, kernel)
-        self.commit = StateCommit()
+        self.commits = {False: StateCommit(replay=False), True: StateCommit(replay=True)}
 
 
 _STEPS: weakref.WeakKeyDictionary[nn.Module, TreeSteps] = weakref.WeakKeyDictionary()

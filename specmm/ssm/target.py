@@ -122,7 +122,8 @@ class SSMTarget:
     @property
     def compile_failure(self) -> str | None:
         """Why a compiled graph of this target fell back to eager (None: it compiled, or was never asked to)."""
-        return compile_failure(self.steps.verify) or compile_failure(self.steps.commit)
+        commit = self.steps.commits[self.commit_mode == "replay"]
+        return compile_failure(self.steps.verify) or compile_failure(commit)
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -141,8 +142,8 @@ class SSMTarget:
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
         if plan is not None and plan.compile:
-            self._compiled = (compiled_forward(self.steps.verify, plan.mode),
-                              compiled_forward(self.steps.commit, plan.mode))
+            commit = self.steps.commits[self.commit_mode == "replay"]
+            self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
 
     def close(self) -> None:
         self.states, self.kv, self._records, self._compiled = None, None, {}, None
@@ -216,10 +217,10 @@ class SSMTarget:
     def _commit(self, path: Tensor, counts: Tensor, replay: bool, compiled: bool) -> None:
         """Keep nodes path[b, :counts[b]] of the last forward (rows with counts 0 keep their states)."""
         if self._records:
-            commit = self._compiled[1] if compiled and self._compiled is not None else self.steps.commit
+            commit = self._compiled[1] if compiled and self._compiled is not None else self.steps.commits[replay]
             ancestors = next(iter(self._records.values())).ancestors
             commit(records=self._records, path=path, counts=counts, ancestors=ancestors, conv=self.states.conv,
-                   ssm=self.states.ssm, replay=replay)
+                   ssm=self.states.ssm)
         self._records = {}
         if self.kv is not None:
             self.kv.commit(path, counts)

@@ -39,9 +39,10 @@ def test_bench_ssm_compiled_rows_report_both_ar_baselines_and_compile_time_apart
     target = tiny_ssm("mamba2", dtype=torch.float32)
     draft = aligned_drafter_model(target, residual_scale=16.0)
     ids, mask = left_padded_batch([4, 7], vocab=target.config.vocab_size, seed=3)
-    three_nodes = dict(k=2, static=specmm.TreeSpec.static([[0], [1]]),  # one verify shape for every row
-                       dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=2, total_tokens=3))
-    setup = SSMBenchSetup(max_new_tokens=6, repeats=1, warmup=1, modes=("compiled",), **three_nodes)
+    # three nodes at depth 2 in every row: one verify shape and the same draft shapes, compiled once
+    same_shapes = dict(k=2, static=specmm.TreeSpec.static([[0], [0, 0]]),
+                       dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=1, total_tokens=3))
+    setup = SSMBenchSetup(max_new_tokens=6, repeats=1, warmup=1, modes=("compiled",), **same_shapes)
     report, _outputs = bench_ssm(target, draft, ids, mask, setup, name="t", command="specmm bench ssm --compile",
                                  models={}, notes=[], progress=False)
     json_path, md_path = report.write(tmp_path, "ssm-compiled")
