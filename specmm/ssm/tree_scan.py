@@ -4,6 +4,8 @@ Verification runs SSD's quadratic ("attention-like") form with the causal mask r
 ancestor mask and per-path cumulative decay; the committed prefix enters as exp(L) C H0 and each node's
 depthwise conv reads its K-1 nearest ancestors, continuing into the stored conv state. Nothing here writes
 a cache: `TreeRecord` keeps what `commit_state` needs to produce the accepted node's states in closed form.
+This is the reference path (and the CPU one); compiled mode `torch.compile`s these same functions
+(`specmm.ssm.steps`).
 """
 
 from __future__ import annotations
