@@ -2,9 +2,9 @@
 
 `TreeVerify` builds the tree layout (conv-window indices, ancestor masks) and runs one stock forward with every
 Mamba2 mixer's `forward` swapped for the tree mixer; `StateCommit` sets every layer's conv/SSM state to the
-accepted node's, in closed form or by replay, in place. One `TreeSteps` per HF model, shared by all its
-adapters: the swapped-in mixer functions are created once, so compiled graphs (which guard on them) are
-reused across generations and adapters. In eager mode the same modules run uncompiled.
+accepted node's, in closed form or by replay, in place. Compiled mode uses one `TreeSteps` per HF model, shared
+by all its adapters (`tree_steps`): the swapped-in mixer functions are created once, so compiled graphs (which
+guard on them) are reused across generations and adapters. In eager mode each adapter runs its own, uncompiled.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ _STEPS: weakref.WeakKeyDictionary[nn.Module, TreeSteps] = weakref.WeakKeyDiction
 
 
 def tree_steps(model: nn.Module, mixers: dict[int, nn.Module]) -> TreeSteps:
-    """The one `TreeSteps` of `model` (made on first use)."""
+    """The one `TreeSteps` of `model` for compiled mode (made on first use; kept, like the core's compiled
+    forwards, as long as the process runs)."""
     found = _STEPS.get(model)
     if found is None:
         found = _STEPS[model] = TreeSteps(model, mixers)

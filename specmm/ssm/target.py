@@ -31,7 +31,7 @@ from specmm.core.target import (
     output_vocab_size,
 )
 from specmm.core.tree import DraftTree
-from specmm.ssm.steps import tree_steps
+from specmm.ssm.steps import TreeSteps, tree_steps
 from specmm.ssm.tree_scan import TreeRecord, chain_tree, is_mamba2_mixer, tree_attention
 
 SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM")
@@ -115,7 +115,8 @@ class SSMTarget:
         self.states: SSMStates | None = None
         self.kv: RowCache | None = None
         self._records: dict[int, TreeRecord] = {}
-        self.steps = tree_steps(model, self.mixers)
+        self._own_steps = TreeSteps(model, self.mixers)  # eager; compiled mode uses the model's shared steps
+        self.steps = self._own_steps
         self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode
         self._compiled: tuple[CompiledForward, CompiledForward] | None = None  # (verify, commit) when compiling
 
@@ -141,7 +142,9 @@ class SSMTarget:
             self.kv = StaticRowCache(batch, self.device, len(self.attention_layers), plan.max_len, plan.reserve)
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
-        if plan is not None and plan.compile:
+        self.steps = self._own_steps
+        if plan is not None and plan.compile:  # one set of graphs per model, reused by every adapter of it
+            self.steps = tree_steps(self.model, self.mixers)
             commit = self.steps.commits[self.commit_mode == "replay"]
             self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
 

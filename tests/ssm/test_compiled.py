@@ -16,6 +16,7 @@ from specmm.bench.fast_path import compiled_parts
 from specmm.core.compiled import compiled_forward
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import ModelDrafter
+from specmm.ssm.steps import tree_steps
 from tests.conftest import left_padded_batch
 from tests.ssm.conftest import ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
 from tests.ssm.test_generate import NEW_TOKENS, TREES, greedy_case
@@ -59,7 +60,7 @@ def test_compiled_stree_greedy_equals_hf_generate_on_a_ragged_batch_with_eos(arc
     target, draft, ids, mask, reference = greedy_case(arch)
     eos = ragged_eos(reference)
     gen = specmm.SpeculativeGenerator(target, EagerModelDrafter(draft), tree=TREES["dynamic"], compile=True)
-    steps = gen.target.steps
+    steps = tree_steps(target, gen.target.mixers)  # compiled mode's graphs, shared by every adapter of the model
     shapes_before = [len(compiled_forward(step).shapes) for step in (steps.verify, steps.commits[False])]
     out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
     new = out.sequences[:, ids.shape[1]:]
@@ -68,7 +69,7 @@ def test_compiled_stree_greedy_equals_hf_generate_on_a_ragged_batch_with_eos(arc
         assert torch.equal(new[row, :stop], reference[row, :stop]), f"{arch} row {row}: compiled != generate"
         assert (new[row, stop:] == 0).all()
     assert min(lengths) < NEW_TOKENS == max(lengths) and out.stats.mean_accepted > 1.0
-    assert gen.target.compile_failure is None and out.stats.compile_time_s > 0
+    assert gen.target.steps is steps and gen.target.compile_failure is None and out.stats.compile_time_s > 0
     # one verify graph and one commit graph for the tree shape and batch width (prefills run eager)
     shapes = [len(compiled_forward(step).shapes) for step in (steps.verify, steps.commits[False])]
     assert [a - b for a, b in zip(shapes, shapes_before)] == [1, 1]
@@ -92,7 +93,8 @@ def test_a_graph_that_cannot_compile_warns_with_the_reason_and_runs_eager(monkey
     def unsupported(**inputs):
         raise torch._dynamo.exc.Unsupported("data-dependent control flow in the verify")
 
-    monkeypatch.setattr(compiled_forward(gen.target.steps.verify), "compiled", unsupported)
+    verify = tree_steps(target, gen.target.mixers).verify
+    monkeypatch.setattr(compiled_forward(verify), "compiled", unsupported)
     with pytest.warns(RuntimeWarning, match=r"TreeVerify could not be compiled \(Unsupported: data-dependent") as seen:
         out = gen.generate(ids, mask, max_new_tokens=8)
     assert len([w for w in seen if "could not be compiled" in str(w.message)]) == 1  # once, not once per round
