@@ -31,6 +31,7 @@ STATIC_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (
                (0, 0, 0, 1))  # 12 nodes with the root, depth 4 (STree's static trees are 12-18 nodes, depth 4)
 SMALL_STATIC_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # 6 nodes, depth 3: on CPU verify cost grows with nodes
 # Draft shapes per device (as in `specmm bench core`): on CPU every extra node and draft step costs visibly.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top_k": 2, "total_tokens": 8},
                    "cuda": {"k": 4, "static": STATIC_TREE, "depth": 5, "top_k": 4, "total_tokens": 16}}
 
@@ -133,6 +134,8 @@ def add_parser(bench_subparsers, positive_int) -> None:
                    help="untimed runs of every method before the timed ones (compiled rows compile here)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weights of target and draft (bfloat16 for GPU runs; the tree scan accumulates in float32)")
     p.add_argument("--compile", action="store_true",
                    help="also run HF generate with a static cache + torch.compile (a baseline) and every speculative "
                    "row in compiled mode (the SSM target's verify and commit compiled, static KV for hybrids); "
@@ -155,13 +158,14 @@ def run_command(args, command: str) -> int:
             setattr(args, name, defaults[name])
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
-    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device).draft
+    dtype = DTYPES[args.dtype]
+    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device, dtype=dtype).draft
     dynamic = specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
                           dynamic=dynamic, repeats=args.repeats, warmup=args.warmup,
                           modes=("eager", "compiled") if args.compile else ("eager",))
     for role in args.targets:
-        target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device)
+        target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device, dtype=dtype)
         batch = tokenizer(prompts[: args.batch_size], return_tensors="pt", padding=True).to(device)
         setup.pad_token_id = tokenizer.pad_token_id
         info = record["models"][role]
@@ -170,7 +174,7 @@ def run_command(args, command: str) -> int:
                   "draft": f"zoo code-{record['recipe']['code_scale']} draft (Llama, "
                            f"{sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M params), greedy agreement "
                            f"with this target {info['greedy_agreement_with_code_draft']:.2f}",
-                  "torch threads": torch.get_num_threads()}
+                  "dtype": args.dtype, "torch threads": torch.get_num_threads()}
         notes = [("AR is HF's own greedy `generate`; every speculative row runs specmm's tree mixer (pure torch, "
                  "no Triton kernel) and must reproduce AR's tokens ('outputs match' compares them)."),
                  ("chain SD with replay rollback is the vanilla baseline (Snakes & Ladders-style activation replay); "
