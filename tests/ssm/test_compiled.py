@@ -14,12 +14,14 @@ import torch
 import specmm
 from specmm.bench.fast_path import compiled_parts
 from specmm.core.compiled import compiled_forward
+from specmm.core.sampling import GREEDY
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import ModelDrafter
 from specmm.ssm.steps import tree_steps
 from tests.conftest import left_padded_batch
+from tests.core.test_compiled import counting_host_syncs
 from tests.ssm.conftest import ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
-from tests.ssm.test_generate import NEW_TOKENS, TREES, greedy_case
+from tests.ssm.test_generate import LENGTHS, NEW_TOKENS, TREES, greedy_case
 
 
 @pytest.fixture(autouse=True)
@@ -76,8 +78,14 @@ def test_compiled_stree_greedy_equals_hf_generate_on_a_ragged_batch_with_eos(arc
     if arch == "bamba":
         again = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS)  # same shapes: nothing compiles again
         assert torch.equal(again.sequences[:, ids.shape[1]:], reference) and again.stats.compile_time_s == 0.0
-        gen.begin(ids, mask, max_new_tokens=NEW_TOKENS)  # the hybrid's attention runs over the core's static cache
-        assert isinstance(gen.target.kv, StaticRowCache) and gen.target.kv.allocated
+        roots = gen.begin(ids, mask, max_new_tokens=NEW_TOKENS)
+        assert isinstance(gen.target.kv, StaticRowCache) and gen.target.kv.allocated  # the hybrid's attention KV
+        tree = gen.drafter.draft(roots, gen.tree, GREEDY, None)
+        path = torch.zeros(len(LENGTHS), tree.max_depth + 1, dtype=torch.long)
+        with counting_host_syncs() as calls:  # the target's part of a compiled round never waits on the device
+            gen.target.verify(tree)
+            gen.target.commit(path, torch.ones(len(LENGTHS), dtype=torch.long))
+        assert calls == []
         gen.end()
 
 
