@@ -21,14 +21,18 @@ def hf_static_compile_kwargs(model: nn.Module) -> dict:
 
     The same `CompileConfig` object serves every call on `model` (HF recompiles when the config changes). Mode
     `reduce-overhead` (CUDA graphs, HF's default) on CUDA, as specmm's compiled mode uses; inductor's default on
-    other devices, where HF would not compile without `_compile_all_devices`.
+    other devices, where HF would not compile without `_compile_all_devices`. The backend is specmm's compiled
+    mode's (`specmm.core.compiled.BACKEND`: inductor unless a test asks for `aot_eager`).
     """
     config = getattr(model, "_specmm_bench_compile_config", None)
     if config is None:
         from transformers import CompileConfig
 
+        from specmm.core import compiled
+
         cuda = next(model.parameters()).device.type == "cuda"
-        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default")
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default",
+                               backend=compiled.BACKEND)
         config._compile_all_devices = True  # HF compiles only on accelerators unless told
         model._specmm_bench_compile_config = config
     return {"cache_implementation": "static", "compile_config": config}
@@ -66,9 +70,12 @@ def compiled_parts(gen) -> list[str]:
 
 
 def _compile_failed(part) -> bool:
-    """Whether the compiled forward of the part's model (`model` or `head`) warned and went eager."""
+    """Whether the compiled forward of the part's model (`model` or `head`) warned and went eager, or the part
+    says one of its own compiled graphs did (a `compile_failure` reason, as the SSM target gives)."""
     from specmm.core.compiled import compile_failure
 
+    if isinstance(getattr(part, "compile_failure", None), str):
+        return True
     for name in ("model", "head"):
         module = getattr(part, name, None)
         if isinstance(module, nn.Module) and compile_failure(module) is not None:

@@ -1,13 +1,15 @@
 """`specmm bench ssm`: AR vs chain SD with replay rollback vs STree (static and dynamic trees) on SSM targets.
 
 Per target (the zoo's Mamba2 and Bamba hybrid), side by side in one process on the same left-padded prompts:
-HF `generate` (greedy, batched) as the AR baseline; chain speculative decoding whose SSM states roll back by
-replaying the accepted inputs (the vanilla method); STree, i.e. tree verification with closed-form state
-commits, on a static and a dynamic tree. The drafter is the `code` entry's small Llama.
+HF `generate` (greedy, batched, the model's own cached decode step) as the AR baseline; chain speculative decoding
+whose SSM states roll back by replaying the accepted inputs (the vanilla method); STree, i.e. tree verification
+with closed-form state commits, on a static and a dynamic tree. The drafter is the `code` entry's small Llama.
 
-With `compile=True` the speculative rows run the core's compiled mode. The SSM target adapter has no static-cache
-path yet (a later issue), so the core warns and runs it eager while the draft model compiles: those rows record
-`compiled=false` (the target did not compile) and name the parts that did.
+With "compiled" in `setup.modes` every speculative row also runs in the core's compiled mode (the SSM target's
+verify and state commit compiled per tree shape, a static KV cache for hybrids' attention, the draft compiled), and
+HF `generate` over its static cache with the decode step compiled joins as a second baseline (transformers 5.x
+builds static caches for these models: Mamba2 layers hold fixed-size states). Compile time is measured in the
+warm-up and reported apart; speculative rows get the per-round time split from one extra profiled run.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 import specmm
-from specmm.bench.core import _describe, new_token_rows, timing_note
-from specmm.bench.fast_path import compiled_parts, describe_parts
+from specmm.bench.core import MODES, _describe, new_token_rows, speculative_method, timing_note
+from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
@@ -29,6 +31,7 @@ STATIC_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (
                (0, 0, 0, 1))  # 12 nodes with the root, depth 4 (STree's static trees are 12-18 nodes, depth 4)
 SMALL_STATIC_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # 6 nodes, depth 3: on CPU verify cost grows with nodes
 # Draft shapes per device (as in `specmm bench core`): on CPU every extra node and draft step costs visibly.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top_k": 2, "total_tokens": 8},
                    "cuda": {"k": 4, "static": STATIC_TREE, "depth": 5, "top_k": 4, "total_tokens": 16}}
 
@@ -43,43 +46,59 @@ class SSMBenchSetup:
     pad_token_id: int = 0
     repeats: int = 3
     warmup: int = 1
-    compile: bool = False  # speculative rows in the core's compiled mode (the SSM target itself stays eager)
+    modes: tuple[str, ...] = ("eager",)  # specmm modes to run: "eager" and/or "compiled"
+    hf_static: bool | None = None  # the HF static-cache + compiled AR baseline (None: when "compiled" is in modes)
+    profile: bool = True  # one extra untimed profiled run per speculative row, for the per-round time split
+
+    def __post_init__(self):
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise ValueError(f"modes: expected some of {MODES}, got {self.modes!r}")
+        if self.hf_static is None:
+            self.hf_static = "compiled" in self.modes
 
 
 def ssm_methods(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_mask: Tensor,
                 setup: SSMBenchSetup) -> list[Method]:
     width, pad, new = input_ids.shape[1], setup.pad_token_id, setup.max_new_tokens
 
-    def autoregressive() -> RunResult:
-        out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
-                              min_new_tokens=new, pad_token_id=pad)
-        return RunResult(new_token_rows(out, width, None, pad))
-
-    def speculative(commit_mode: str, tree: specmm.TreeSpec):
+    def autoregressive(static: bool):
         def run() -> RunResult:
-            gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit_mode), ModelDrafter(draft),
-                                              tree=tree, compile=setup.compile)
-            out = gen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new, pad_token_id=pad)
-            result = RunResult(new_token_rows(out.sequences, width, None, pad), out.stats.mean_accepted)
-            if setup.compile:
-                parts = compiled_parts(gen)
-                result.compiled = "target" in parts  # only a target with a static path (`static_plan`) compiles
-                result.extra = {"compiled parts": describe_parts(parts)}
-            return result
+            extra = hf_static_compile_kwargs(target) if static else {}
+            out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
+                                  min_new_tokens=new, pad_token_id=pad, **extra)
+            # compiled only if HF took its auto-compile path (it stores the compiled call on the model)
+            return RunResult(new_token_rows(out, width, None, pad), compiled=static and hf_compiled(target))
         return run
 
-    def row(name: str, run, note: str = "") -> Method:
-        return Method(name, run, note=note, compiled=setup.compile)  # compiled drafts need the warm-up too
+    def speculative(name: str, commit_mode: str, tree: specmm.TreeSpec, mode: str, note: str = "") -> Method:
+        def make(compile: bool, profile: bool):
+            return specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit_mode), ModelDrafter(draft),
+                                               tree=tree, compile=compile, profile=profile)
 
+        def generate(gen):
+            out = gen.generate(input_ids, attention_mask=attention_mask, max_new_tokens=new, pad_token_id=pad)
+            return RunResult(new_token_rows(out.sequences, width, None, pad)), out.stats
+        method = speculative_method(name, make, generate, mode, setup.profile)
+        method.note = note
+        return method
+
+    batch = input_ids.shape[0]
+    methods = [Method(f"AR (HF generate, batch {batch})", autoregressive(False), baseline=True)]
+    if setup.hf_static:
+        methods.append(Method(f"AR (HF generate, static cache + torch.compile, batch {batch})", autoregressive(True),
+                              baseline=True, compiled=True,
+                              note="HF's own compiled decoding: static cache, decode step compiled, prefill eager"))
     chain = specmm.TreeSpec.chain(setup.k)
-    return [
-        Method(f"AR (HF generate, batch {input_ids.shape[0]})", autoregressive, baseline=True),
-        row(f"chain SD k={setup.k}, replay rollback", speculative("replay", chain),
-            note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state forward"),
-        row(f"chain SD k={setup.k}, closed-form commit", speculative("closed_form", chain)),
-        row(f"STree {_describe(setup.static)}", speculative("closed_form", setup.static)),
-        row(f"STree {_describe(setup.dynamic)}", speculative("closed_form", setup.dynamic)),
-    ]
+    for mode in setup.modes:
+        methods += [
+            speculative(f"chain SD k={setup.k}, replay rollback", "replay", chain, mode,
+                        note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state forward"),
+            speculative(f"chain SD k={setup.k}, closed-form commit", "closed_form", chain, mode),
+            speculative(f"STree {_describe(setup.static)}", "closed_form", setup.static, mode),
+            speculative(f"STree {_describe(setup.dynamic)}", "closed_form", setup.dynamic, mode),
+        ]
+    return methods
 
 
 def bench_ssm(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_mask: Tensor,
@@ -87,12 +106,12 @@ def bench_ssm(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_
               progress: bool = True) -> tuple[BenchReport, dict[str, RunResult]]:
     """Run the SSM methods side by side on one target; returns the report and every method's outputs."""
     device = next(target.parameters()).device
-    with torch.no_grad():
+    with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
-            "compiled mode": setup.compile, "timing": timing_note(setup), **models}
+            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **models}
     report = BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes, machine=machine_info(device))
     return report, outputs
 
@@ -111,11 +130,16 @@ def add_parser(bench_subparsers, positive_int) -> None:
     p.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
     p.add_argument("--total-tokens", type=positive_int, help="dynamic tree nodes incl. root (default: 8 / 16)")
     p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--warmup", type=positive_int, default=1,
+                   help="untimed runs of every method before the timed ones (compiled rows compile here)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weights of target and draft (bfloat16 for GPU runs; the tree scan accumulates in float32)")
     p.add_argument("--compile", action="store_true",
-                   help="speculative rows in compiled mode: the draft compiles; the SSM target has no static path "
-                   "yet and stays eager (rows record compiled=false)")
+                   help="also run HF generate with a static cache + torch.compile (a baseline) and every speculative "
+                   "row in compiled mode (the SSM target's verify and commit compiled, static KV for hybrids); "
+                   "compile time is measured in the warm-up and reported apart")
     p.add_argument("--out", default="benchmarks")
     p.add_argument("--name", help="report file stem prefix (default ssm-<scale>-<device>)")
 
@@ -134,13 +158,14 @@ def run_command(args, command: str) -> int:
             setattr(args, name, defaults[name])
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
-    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device).draft
+    dtype = DTYPES[args.dtype]
+    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device, dtype=dtype).draft
+    dynamic = specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
-                          dynamic=specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k,
-                                                          total_tokens=args.total_tokens), repeats=args.repeats,
-                          compile=args.compile)
+                          dynamic=dynamic, repeats=args.repeats, warmup=args.warmup,
+                          modes=("eager", "compiled") if args.compile else ("eager",))
     for role in args.targets:
-        target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device)
+        target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device, dtype=dtype)
         batch = tokenizer(prompts[: args.batch_size], return_tensors="pt", padding=True).to(device)
         setup.pad_token_id = tokenizer.pad_token_id
         info = record["models"][role]
@@ -149,11 +174,17 @@ def run_command(args, command: str) -> int:
                   "draft": f"zoo code-{record['recipe']['code_scale']} draft (Llama, "
                            f"{sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M params), greedy agreement "
                            f"with this target {info['greedy_agreement_with_code_draft']:.2f}",
-                  "torch threads": torch.get_num_threads()}
+                  "dtype": args.dtype, "torch threads": torch.get_num_threads()}
         notes = [("AR is HF's own greedy `generate`; every speculative row runs specmm's tree mixer (pure torch, "
                  "no Triton kernel) and must reproduce AR's tokens ('outputs match' compares them)."),
                  ("chain SD with replay rollback is the vanilla baseline (Snakes & Ladders-style activation replay); "
                  "STree rows commit the accepted node's SSM state in closed form from the verification tensors.")]
+        if args.compile:
+            notes.append("compiled rows: the SSM target's verify (tree layout, conv-window gather, tree scan, the "
+                         "hybrid's attention over a static KV cache) and its state commit each run as one compiled "
+                         "graph per tree shape and batch width, prefills eager; the draft compiles through the core. "
+                         "The compiled AR row is HF `generate` with `cache_implementation='static'` and its decode "
+                         "step compiled by HF itself (transformers 5.x gives these models static caches).")
         report, _ = bench_ssm(target, draft, batch["input_ids"], batch["attention_mask"], setup,
                               name=f"specmm bench ssm ({role})", command=command, models=models, notes=notes)
         print(f"\n{report.name}\n{report.table()}")

@@ -5,18 +5,24 @@ swapped for the tree mixer (`tree_scan.tree_mixer_forward`), which reads this ad
 store and never writes it. Attention layers of hybrids get per-layer-type mask dicts (ancestor masks over
 a per-row KV cache) and positions prefix + depth. `commit` sets the SSM states of the accepted node in
 closed form (or, for the vanilla baseline, by replaying the accepted inputs) and gathers the accepted KV rows.
+
+Compiled mode (the engine sets `static_plan`): the attention layers get a `StaticRowCache`, and the verify (layout,
+conv-window gather, tree scan, attention) and the state commit each run as one `torch.compile`d graph per tree
+shape and batch width (`specmm.ssm.steps`); prefills stay eager. A graph that cannot compile warns and runs eager.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from specmm.core.cache import RowCache
+from specmm.core.compiled import CompiledForward, StaticPlan, compile_failure, compiled_forward
+from specmm.core.static_cache import StaticRowCache
 from specmm.core.target import (
     PrefillOutput,
     TargetOutput,
@@ -25,14 +31,8 @@ from specmm.core.target import (
     output_vocab_size,
 )
 from specmm.core.tree import DraftTree
-from specmm.ssm.tree_scan import (
-    TreeLayout,
-    TreeRecord,
-    commit_state,
-    is_mamba2_mixer,
-    replay_state,
-    tree_mixer_forward,
-)
+from specmm.ssm.steps import TreeSteps, tree_steps
+from specmm.ssm.tree_scan import TreeRecord, chain_tree, is_mamba2_mixer, tree_attention
 
 SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM")
 STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM",
@@ -47,6 +47,17 @@ class _AttentionKV(DynamicCache):
 
     def __init__(self, attention_layers: list[int]):
         super().__init__()
+        self.slot = {layer: i for i, layer in enumerate(attention_layers)}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states, value_states, self.slot[layer_idx], *args, **kwargs)
+
+
+class _StaticAttentionKV(Cache):
+    """The static twin of `_AttentionKV`: a `StaticRowCache`'s `StaticLayer`s, addressed by model layer index."""
+
+    def __init__(self, layers: list, attention_layers: list[int]):
+        super().__init__(layers=layers)
         self.slot = {layer: i for i, layer in enumerate(attention_layers)}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -104,6 +115,16 @@ class SSMTarget:
         self.states: SSMStates | None = None
         self.kv: RowCache | None = None
         self._records: dict[int, TreeRecord] = {}
+        self._own_steps = TreeSteps(model, self.mixers)  # eager; compiled mode uses the model's shared steps
+        self.steps = self._own_steps
+        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode
+        self._compiled: tuple[CompiledForward, CompiledForward] | None = None  # (verify, commit) when compiling
+
+    @property
+    def compile_failure(self) -> str | None:
+        """Why a compiled graph of this target fell back to eager (None: it compiled, or was never asked to)."""
+        commit = self.steps.commits[self.commit_mode == "replay"]
+        return compile_failure(self.steps.verify) or compile_failure(commit)
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -113,12 +134,22 @@ class SSMTarget:
         scan = self.scan_dtype or torch.promote_types(self.dtype, torch.float32)
         self.states = SSMStates(self.mixers, batch, self.device, self.dtype, scan)
         self.kv = None
-        if self.attention_layers:
+        plan = self.static_plan
+        if self.attention_layers and plan is None:
             self.kv = RowCache(batch, self.device)
             self.kv.cache = _AttentionKV(self.attention_layers)
+        elif self.attention_layers:
+            self.kv = StaticRowCache(batch, self.device, len(self.attention_layers), plan.max_len, plan.reserve)
+            self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
+        self._compiled = None
+        self.steps = self._own_steps
+        if plan is not None and plan.compile:  # one set of graphs per model, reused by every adapter of it
+            self.steps = tree_steps(self.model, self.mixers)
+            commit = self.steps.commits[self.commit_mode == "replay"]
+            self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
 
     def close(self) -> None:
-        self.states, self.kv, self._records = None, None, {}
+        self.states, self.kv, self._records, self._compiled = None, None, {}, None
 
     def check_model_inputs(self, model_inputs: dict) -> None:
         if model_inputs:
@@ -127,34 +158,30 @@ class SSMTarget:
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
         """Run the left-padded prompt block by block (each block is a ragged chain) and commit it."""
-        for start in range(0, input_ids.shape[1], self.prefill_block):
+        for start in range(0, input_ids.shape[1], self.prefill_block):  # eager: one shape per prompt block
             ids = input_ids[:, start:start + self.prefill_block]
             valid = attention_mask[:, start:start + self.prefill_block].bool()
-            kernel = next(iter(self.mixers.values())).conv_kernel_size
-            layout = TreeLayout.ragged_chain(valid, kernel)
-            positions = attend = None
+            parents, depth, ancestors = chain_tree(valid)
+            positions = None
             if self.kv is not None:
                 positions = (self.kv.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
-                attend = layout.ancestors
-            self._forward(ids, layout, positions, attend, logits_to_keep=1)
+            self._forward(ids, parents, depth, ancestors, valid, positions, logits_to_keep=1)
             counts = valid.sum(1)  # [B]
             kept_first = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, P] valid first
-            self._commit(kept_first, counts, mode="closed_form")  # the prompt is certain: no rollback to replay
+            self._commit(kept_first, counts, replay=False, compiled=False)  # the prompt is certain: no rollback
         return PrefillOutput()
 
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:
-        kernel = next(iter(self.mixers.values())).conv_kernel_size
-        layout = TreeLayout.build(tree.parents, tree.depth, tree.ancestors, tree.valid, kernel)
-        positions = attend = None
+        positions = None
         if self.kv is not None:
             positions = self.kv.lengths[:, None] + tree.depth  # [B, n]
-            attend = layout.ancestors
-        out = self._forward(tree.tokens, layout, positions, attend)
-        return TargetOutput(logits=out.logits, features=None)
+        logits = self._forward(tree.tokens, tree.parents, tree.depth, tree.ancestors, tree.valid, positions)
+        return TargetOutput(logits=logits, features=None)
 
+    @torch.no_grad()
     def commit(self, path: Tensor, counts: Tensor) -> None:
-        self._commit(path, counts)
+        self._commit(path, counts, replay=self.commit_mode == "replay", compiled=True)
 
     def select_rows(self, rows: Tensor) -> None:
         self.states.select_rows(rows)
@@ -163,35 +190,25 @@ class SSMTarget:
 
     # ------------------------------------------------------------------------------------------- internals
 
-    def _forward(self, tokens: Tensor, layout: TreeLayout, positions: Tensor | None, attend: Tensor | None,
-                 logits_to_keep: int = 0):
-        """One stock forward over n nodes with the tree mixers swapped in; records per-layer commit tensors."""
-        self._records = {}
-        with self._tree_mixers(layout):
-            if self.kv is None:
-                return self.model(input_ids=tokens, use_cache=False, logits_to_keep=logits_to_keep)
-            mask = self._format(self.kv.open_slots(positions, attend))  # [B, 1, n, S]
-            return self.model(input_ids=tokens, attention_mask={"full_attention": mask, "linear_attention": None},
-                              position_ids=positions, past_key_values=self.kv.cache, use_cache=True,
-                              logits_to_keep=logits_to_keep)
+    def _forward(self, tokens: Tensor, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor,
+                 positions: Tensor | None, logits_to_keep: int = 0) -> Tensor:
+        """One stock forward over n nodes with the tree mixers swapped in; keeps the per-layer commit records.
 
-    @contextmanager
-    def _tree_mixers(self, layout: TreeLayout):
-        def tree_forward(mixer):
-            def forward(hidden_states, *args, **kwargs):
-                out, record = tree_mixer_forward(mixer, hidden_states, layout, self.states.conv[mixer.layer_idx],
-                                                 self.states.ssm[mixer.layer_idx], self.scan_dtype)
-                self._records[mixer.layer_idx] = record
-                return out
-            return forward
-
-        try:
-            for mixer in self.mixers.values():
-                mixer.forward = tree_forward(mixer)  # instance attribute: shadows the class method
-            yield
-        finally:
-            for mixer in self.mixers.values():
-                mixer.__dict__.pop("forward", None)
+        Compiled when compiling, except prefills (`logits_to_keep`) and a forward that allocates the static KV."""
+        verify = self.steps.verify
+        inputs = dict(input_ids=tokens, parents=parents, depth=depth, ancestors=ancestors, valid=valid,
+                      conv=self.states.conv, ssm=self.states.ssm, scan_dtype=self.scan_dtype,
+                      logits_to_keep=logits_to_keep)
+        allocating = False
+        if self.kv is not None:
+            mask = self._format(self.kv.open_slots(positions, tree_attention(ancestors, valid)))  # [B, 1, n, S]
+            inputs.update(attention_mask=mask, position_ids=positions, past_key_values=self.kv.cache)
+            allocating = isinstance(self.kv, StaticRowCache) and not self.kv.allocated  # HF allocates it lazily
+        if self._compiled is not None and logits_to_keep == 0 and not allocating:
+            verify = self._compiled[0]
+        with self.steps.tree_pass.installed():
+            logits, self._records = verify(**inputs)
+        return logits
 
     def _format(self, mask: Tensor) -> Tensor:
         """Bool masks for sdpa; additive float masks for eager attention."""
@@ -200,19 +217,13 @@ class SSMTarget:
         return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(self.dtype).min)
 
-    def _commit(self, path: Tensor, counts: Tensor, mode: str | None = None) -> None:
+    def _commit(self, path: Tensor, counts: Tensor, replay: bool, compiled: bool) -> None:
         """Keep nodes path[b, :counts[b]] of the last forward (rows with counts 0 keep their states)."""
-        has_node = counts > 0
-        last = path.gather(1, (counts - 1).clamp_min(0)[:, None])[:, 0]  # [B]
-        for layer, record in self._records.items():
-            if (mode or self.commit_mode) == "closed_form":
-                conv, ssm = commit_state(record, last)
-            else:
-                conv, ssm = replay_state(record, path, counts)
-            keep = has_node[:, None, None]
-            self.states.conv[layer] = torch.where(keep, conv.to(self.dtype), self.states.conv[layer])
-            self.states.ssm[layer] = torch.where(keep[..., None], ssm.to(self.states.ssm[layer].dtype),
-                                                 self.states.ssm[layer])
+        if self._records:
+            commit = self._compiled[1] if compiled and self._compiled is not None else self.steps.commits[replay]
+            ancestors = next(iter(self._records.values())).ancestors
+            commit(records=self._records, path=path, counts=counts, ancestors=ancestors, conv=self.states.conv,
+                   ssm=self.states.ssm)
         self._records = {}
         if self.kv is not None:
             self.kv.commit(path, counts)

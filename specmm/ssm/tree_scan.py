@@ -4,6 +4,8 @@ Verification runs SSD's quadratic ("attention-like") form with the causal mask r
 ancestor mask and per-path cumulative decay; the committed prefix enters as exp(L) C H0 and each node's
 depthwise conv reads its K-1 nearest ancestors, continuing into the stored conv state. Nothing here writes
 a cache: `TreeRecord` keeps what `commit_state` needs to produce the accepted node's states in closed form.
+This is the reference path (and the CPU one); compiled mode `torch.compile`s these same functions
+(`specmm.ssm.steps`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ class TreeLayout:
     def build(cls, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor, kernel: int) -> TreeLayout:
         """From DraftTree-style tensors: parents/depth/valid [B, n], ancestors [B, n, n]."""
         batch, n = parents.shape
-        eye = torch.eye(n, dtype=torch.bool, device=parents.device)
-        ancestors = (ancestors & valid[:, None, :] & valid[:, :, None]) | eye
+        ancestors = tree_attention(ancestors, valid)
         node = torch.arange(n, device=parents.device).expand(batch, n)
         columns = [kernel + node]  # distance 0: the node itself
         ancestor = node
@@ -44,15 +45,27 @@ class TreeLayout:
     @classmethod
     def ragged_chain(cls, valid: Tensor, kernel: int) -> TreeLayout:
         """A left-padded block of certain tokens: each valid entry follows the previous valid one."""
-        batch, n = valid.shape
-        index = torch.arange(n, device=valid.device).expand(batch, n)
-        last_valid = torch.where(valid, index, -1).cummax(1).values  # [B, n] last valid index at or before i
-        parents = torch.cat([last_valid.new_full((batch, 1), -1), last_valid[:, :-1]], 1)
-        depth = (valid.long().cumsum(1) - 1).clamp_min(0)
-        parents = torch.where(valid, parents, -1)
-        depth = torch.where(valid, depth, 0)
-        causal = torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
-        return cls.build(parents, depth, causal.expand(batch, n, n), valid, kernel)
+        return cls.build(*chain_tree(valid), valid, kernel)
+
+
+def tree_attention(ancestors: Tensor, valid: Tensor) -> Tensor:
+    """[B, n, n] what each node sees among the tree's: its valid ancestors and itself (padding: itself only)."""
+    eye = torch.eye(ancestors.shape[-1], dtype=torch.bool, device=ancestors.device)
+    return (ancestors & valid[:, None, :] & valid[:, :, None]) | eye
+
+
+def chain_tree(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(parents, depth [B, n], ancestors [B, n, n]) of a left-padded block [B, n] of certain tokens: each valid
+    entry follows the previous valid one (padding: parent -1, depth 0)."""
+    batch, n = valid.shape
+    index = torch.arange(n, device=valid.device).expand(batch, n)
+    last_valid = torch.where(valid, index, -1).cummax(1).values  # [B, n] last valid index at or before i
+    parents = torch.cat([last_valid.new_full((batch, 1), -1), last_valid[:, :-1]], 1)
+    depth = (valid.long().cumsum(1) - 1).clamp_min(0)
+    parents = torch.where(valid, parents, -1)
+    depth = torch.where(valid, depth, 0)
+    causal = torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
+    return parents, depth, causal.expand(batch, n, n)
 
 
 @dataclass

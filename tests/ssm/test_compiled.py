@@ -1,0 +1,111 @@
+"""Compiled mode for SSM targets: STree greedy under `compile=True` gives HF `generate`'s tokens.
+
+The SSM target's verify (layout, conv-window gather, tree scan, attention over a static KV cache) and its state
+commit compile with the `aot_eager` backend, which captures the same graphs without generating kernels (inductor
+codegen would take minutes of the suite on 2 cores). The draft model stays eager here: the core's tests compile
+drafters, and `tests/bench/test_ssm.py` compiles both together, the replay-rollback commit included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specmm
+from specmm.bench.fast_path import compiled_parts
+from specmm.core.compiled import compiled_forward
+from specmm.core.sampling import GREEDY
+from specmm.core.static_cache import StaticRowCache
+from specmm.drafters import ModelDrafter
+from specmm.ssm.steps import tree_steps
+from tests.conftest import left_padded_batch
+from tests.core.test_compiled import counting_host_syncs
+from tests.ssm.conftest import ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
+from tests.ssm.test_generate import LENGTHS, NEW_TOKENS, TREES, greedy_case
+
+
+@pytest.fixture(autouse=True)
+def capture_only(monkeypatch):
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+
+
+class EagerModelDrafter(ModelDrafter):
+    """A ModelDrafter that ignores the engine's static plan: it drafts eager, so only the target compiles."""
+
+    @property
+    def static_plan(self):
+        return None
+
+    @static_plan.setter
+    def static_plan(self, plan):
+        pass
+
+
+def ragged_eos(reference: torch.Tensor) -> int:
+    """A token some row emits mid-way and some other row never emits: rows stop at different rounds."""
+    rows = reference.tolist()
+    return next(t for row in rows for t in row[2:-2] if any(t not in other for other in rows))
+
+
+def stops_at(reference: torch.Tensor, eos: int) -> list[int]:
+    """Each row's token count when generation stops after its first `eos` (or the budget)."""
+    lengths = []
+    for row in reference:
+        hits = (row == eos).nonzero()
+        lengths.append(int(hits[0]) + 1 if len(hits) else NEW_TOKENS)
+    return lengths
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_stree_greedy_equals_hf_generate_on_a_ragged_batch_with_eos(arch):
+    """Rows that meet EOS stay in the compiled batch (static shapes) while the others run on, exactly."""
+    target, draft, ids, mask, reference = greedy_case(arch)
+    eos = ragged_eos(reference)
+    gen = specmm.SpeculativeGenerator(target, EagerModelDrafter(draft), tree=TREES["dynamic"], compile=True)
+    steps = tree_steps(target, gen.target.mixers)  # compiled mode's graphs, shared by every adapter of the model
+    shapes_before = [len(compiled_forward(step).shapes) for step in (steps.verify, steps.commits[False])]
+    out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+    new = out.sequences[:, ids.shape[1]:]
+    lengths = stops_at(reference, eos)
+    for row, stop in enumerate(lengths):
+        assert torch.equal(new[row, :stop], reference[row, :stop]), f"{arch} row {row}: compiled != generate"
+        assert (new[row, stop:] == 0).all()
+    assert min(lengths) < NEW_TOKENS == max(lengths) and out.stats.mean_accepted > 1.0
+    assert gen.target.steps is steps and gen.target.compile_failure is None and out.stats.compile_time_s > 0
+    # one verify graph and one commit graph for the tree shape and batch width (prefills run eager)
+    shapes = [len(compiled_forward(step).shapes) for step in (steps.verify, steps.commits[False])]
+    assert [a - b for a, b in zip(shapes, shapes_before)] == [1, 1]
+    if arch == "bamba":
+        again = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS)  # same shapes: nothing compiles again
+        assert torch.equal(again.sequences[:, ids.shape[1]:], reference) and again.stats.compile_time_s == 0.0
+        roots = gen.begin(ids, mask, max_new_tokens=NEW_TOKENS)
+        assert isinstance(gen.target.kv, StaticRowCache) and gen.target.kv.allocated  # the hybrid's attention KV
+        tree = gen.drafter.draft(roots, gen.tree, GREEDY, None)
+        path = torch.zeros(len(LENGTHS), tree.max_depth + 1, dtype=torch.long)
+        with counting_host_syncs() as calls:  # the target's part of a compiled round never waits on the device
+            gen.target.verify(tree)
+            gen.target.commit(path, torch.ones(len(LENGTHS), dtype=torch.long))
+        assert calls == []
+        gen.end()
+
+
+def test_a_graph_that_cannot_compile_warns_with_the_reason_and_runs_eager(monkeypatch):
+    """The core's fallback (a TorchDynamoException while compiling) reaches the SSM target: one warning naming the
+    graph and the reason, eager from then on with the same tokens, and benchmarks see the target as not compiled."""
+    target = tiny_ssm("mamba2", seed=3)
+    draft = aligned_drafter_model(target, residual_scale=16.0)
+    ids, mask = left_padded_batch([6], vocab=VOCAB, seed=2)
+    reference = target.generate(ids, max_new_tokens=8, do_sample=False)
+    gen = specmm.SpeculativeGenerator(target, EagerModelDrafter(draft), tree=TREES["chain"], compile=True)
+
+    def unsupported(**inputs):
+        raise torch._dynamo.exc.Unsupported("data-dependent control flow in the verify")
+
+    verify = tree_steps(target, gen.target.mixers).verify
+    monkeypatch.setattr(compiled_forward(verify), "compiled", unsupported)
+    with pytest.warns(RuntimeWarning, match=r"TreeVerify could not be compiled \(Unsupported: data-dependent") as seen:
+        out = gen.generate(ids, mask, max_new_tokens=8)
+    assert len([w for w in seen if "could not be compiled" in str(w.message)]) == 1  # once, not once per round
+    assert torch.equal(out.sequences, reference)
+    assert gen.target.compile_failure.startswith("Unsupported: data-dependent")
+    assert compiled_parts(gen) == ["drafter"]  # benchmarks report the target as not compiled
