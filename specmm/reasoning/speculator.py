@@ -72,9 +72,7 @@ class _View:
 
     def target_steps_sample(self, count: int, generator: torch.Generator,
                             sampling: SamplingConfig = ORACLE_SAMPLING) -> list[list[list[int]]]:
-        run, target = self.run, self.run.target
-        everyone = torch.ones(target.batch, dtype=torch.bool, device=target.device)
-        samples = [[] for _ in range(target.batch)]
+        samples = [[] for _ in range(self.run.target.batch)]
         with self.run.timer("target"):
             self._sample(count, samples, budget=self.budget, sampling=sampling, generator=generator)
         return samples
