@@ -27,6 +27,7 @@ MODES = ("eager", "compiled")
 class CoreBenchSetup:
     max_new_tokens: int = 128
     k: int = 4
+    lookup_k: int | None = None  # prompt lookup's draft length (None: k); copying costs no forwards, so it can be long
     tree: specmm.TreeSpec = specmm.TreeSpec.dynamic(depth=5, top_k=4, total_tokens=24)
     eos_token_id: int | None = None
     pad_token_id: int = 0
@@ -122,8 +123,9 @@ def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, 
                             mode),
                 speculative(f"specmm tree {_describe(setup.tree)}", lambda: ModelDrafter(draft), setup.tree, mode),
             ]
-        methods.append(speculative(f"specmm prompt lookup k={setup.k}", lambda: PromptLookupDrafter(ngram=3, k=setup.k),
-                                   specmm.TreeSpec.chain(setup.k), mode))
+        lookup_k = setup.lookup_k or setup.k
+        methods.append(speculative(f"specmm prompt lookup k={lookup_k}", lambda: PromptLookupDrafter(ngram=3, k=lookup_k),
+                                   specmm.TreeSpec.chain(lookup_k), mode))
     return methods
 
 

@@ -67,7 +67,7 @@ def _bench_core(args, device, name) -> int:
             data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
     else:
         data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)
-    setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, tree=dynamic_tree(args),
+    setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, lookup_k=args.lookup_k, tree=dynamic_tree(args),
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
                            warmup=args.warmup, modes=modes(args))
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
@@ -215,6 +215,8 @@ def add_parser(sub):
     core.add_argument("--batch-size", type=positive_int, default=4)
     core.add_argument("--max-new-tokens", type=positive_int, default=128)
     core.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    core.add_argument("--lookup-k", type=positive_int, default=8,
+                      help="prompt lookup's draft length (default 8: copied drafts cost no forwards)")
     core.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
     core.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
     core.add_argument("--total-tokens", type=int_range(2),
