@@ -14,17 +14,15 @@ import torch
 from torch import Tensor, nn
 
 import specmm
-from specmm.bench.fast_path import (compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
+from specmm.bench.fast_path import (FastPathSetup, compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
                                     hf_static_compile_kwargs)
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.drafters import ModelDrafter, PromptLookupDrafter
 from specmm.machine import machine_info
 
-MODES = ("eager", "compiled")
-
 
 @dataclass
-class CoreBenchSetup:
+class CoreBenchSetup(FastPathSetup):
     max_new_tokens: int = 128
     k: int = 4
     lookup_k: int | None = None  # prompt lookup's draft length (None: k); copying costs no forwards, so it can be long
@@ -33,16 +31,6 @@ class CoreBenchSetup:
     pad_token_id: int = 0
     repeats: int = 3
     warmup: int = 1
-    modes: tuple[str, ...] = ("eager",)  # specmm modes to run: "eager" and/or "compiled"
-    hf_static: bool | None = None  # the HF static-cache + compiled baseline (None: when "compiled" is in modes)
-    profile: bool = True  # one extra untimed profiled run per specmm row, for the per-round time split
-
-    def __post_init__(self):
-        unknown = [m for m in self.modes if m not in MODES]
-        if unknown or not self.modes:
-            raise ValueError(f"modes: expected some of {MODES}, got {self.modes!r}")
-        if self.hf_static is None:
-            self.hf_static = "compiled" in self.modes
 
 
 def new_token_rows(sequences: Tensor, prompt_width: int, eos: int | None, pad: int) -> list[list[int]]:

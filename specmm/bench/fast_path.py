@@ -12,9 +12,30 @@ compiled call, its config, the static cache length it keeps growing to avoid rec
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from torch import nn
 
+
+
+MODES = ("eager", "compiled")
+
+
+@dataclass
+class FastPathSetup:
+    """What every bench setup with a fast path shares: the specmm modes it runs, the HF compiled baseline, and
+    the profiled run for the per-round time split."""
+
+    modes: tuple[str, ...] = ("eager",)  # specmm modes to run: "eager" and/or "compiled"
+    hf_static: bool | None = None  # the HF static-cache + compiled AR baseline (None: when "compiled" is in modes)
+    profile: bool = True  # one extra untimed profiled run per speculative row, for the per-round time split
+
+    def __post_init__(self):
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise ValueError(f"modes: expected some of {MODES}, got {self.modes!r}")
+        if self.hf_static is None:
+            self.hf_static = "compiled" in self.modes
 
 def hf_static_compile_kwargs(model: nn.Module) -> dict:
     """`generate` kwargs for HF's static cache with the decode step compiled (static shapes).

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 import specmm
-from specmm.bench.core import MODES, _describe, new_token_rows, speculative_method, timing_note
-from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
+from specmm.bench.core import _describe, new_token_rows, speculative_method, timing_note
+from specmm.bench.fast_path import FastPathSetup, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
@@ -37,7 +37,7 @@ DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top
 
 
 @dataclass
-class SSMBenchSetup:
+class SSMBenchSetup(FastPathSetup):
     max_new_tokens: int = 64
     k: int = 4
     static: specmm.TreeSpec = field(default_factory=lambda: specmm.TreeSpec.static(STATIC_TREE))
@@ -46,16 +46,6 @@ class SSMBenchSetup:
     pad_token_id: int = 0
     repeats: int = 3
     warmup: int = 1
-    modes: tuple[str, ...] = ("eager",)  # specmm modes to run: "eager" and/or "compiled"
-    hf_static: bool | None = None  # the HF static-cache + compiled AR baseline (None: when "compiled" is in modes)
-    profile: bool = True  # one extra untimed profiled run per speculative row, for the per-round time split
-
-    def __post_init__(self):
-        unknown = [m for m in self.modes if m not in MODES]
-        if unknown or not self.modes:
-            raise ValueError(f"modes: expected some of {MODES}, got {self.modes!r}")
-        if self.hf_static is None:
-            self.hf_static = "compiled" in self.modes
 
 
 def ssm_methods(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_mask: Tensor,

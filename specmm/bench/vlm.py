@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 import specmm
-from specmm.bench.core import MODES, _describe, new_token_rows, speculative_method, timing_note
-from specmm.bench.fast_path import eager_drafter, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
+from specmm.bench.core import _describe, new_token_rows, speculative_method, timing_note
+from specmm.bench.fast_path import MODES, eager_drafter, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.jobs import atomic_write_text
 from specmm.core.stats import GenerationStats
