@@ -92,6 +92,17 @@ def module_guard_filter(entries) -> list[bool]:
             or "hook" in entry.name or entry.name.endswith(".training") for entry in entries]
 
 
+_HELPERS: dict[object, object] = {}
+
+
+def compiled_helper(fn):
+    """`fn` (a pure tensor function of a compiled round's bookkeeping) compiled once per process."""
+    found = _HELPERS.get(fn)
+    if found is None:
+        found = _HELPERS[fn] = compile_static(fn)
+    return found
+
+
 def _own_code(fn):
     """A copy of function (or bound method) `fn` whose code object is its own."""
     if isinstance(fn, types.MethodType):

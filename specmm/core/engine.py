@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import CompileClock, StaticPlan
+from specmm.core.compiled import CompileClock, StaticPlan, compiled_helper
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
@@ -76,6 +76,30 @@ class EosCriterion:
 
     def __call__(self, new_tokens: Tensor, counts: Tensor, rows: Tensor) -> Tensor:
         return torch.isin(new_tokens, self.eos_ids)
+
+
+def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor, rounds: Tensor, histogram: Tensor,
+                 alive: Tensor, eos_ids: Tensor | None, max_new_tokens: int, pad: int) -> Tensor:
+    """Compiled mode's `_record` (rows never leave the batch; EOS the only criterion): write each live row's kept
+    tokens of the round into `out` and update `counts`, `rounds`, `histogram` and `alive` in place; returns take
+    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None."""
+    remaining = max_new_tokens - counts  # [B]
+    take = torch.where(alive, torch.minimum(num_accepted + 1, remaining), 0)
+    histogram += (torch.nn.functional.one_hot(num_accepted, histogram.numel()) * (take > 0)[:, None]).sum(0)
+    done = take >= remaining
+    steps = torch.arange(new.shape[1], device=new.device)
+    if eos_ids is not None:
+        stops = torch.isin(new, eos_ids) & (steps[None, :] < take[:, None])  # [B, n]
+        hit = stops.any(1)
+        first = torch.where(stops, steps[None, :], new.shape[1]).amin(1)  # [B] first EOS (n: none)
+        take = torch.where(hit, first + 1, take)
+        done = done | hit
+    rows = torch.arange(new.shape[0], device=new.device)
+    out[rows[:, None], counts[:, None] + steps] = torch.where(steps[None, :] < take[:, None], new, pad)
+    counts += take
+    rounds += (take > 0).long()
+    alive &= ~done
+    return take
 
 
 def synchronize(device: torch.device) -> None:
@@ -368,6 +392,11 @@ class SpeculativeGenerator:
         """Write a round's kept tokens and apply the stopping criteria. Rows that stopped leave the batch, or,
         in compiled mode (`alive` [B] given), stay with nothing more kept: no host sync here."""
         new = result.new_tokens  # [b, n]
+        if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
+            eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one compiled graph does it all
+            take = compiled_helper(record_round)(new, result.num_accepted, out, counts, rounds, histogram, alive,
+                                                 eos, max_new_tokens, pad)
+            return roots, generators, active, take
         take = torch.minimum(result.num_accepted + 1, max_new_tokens - counts[active])
         if alive is not None:
             take = torch.where(alive, take, 0)

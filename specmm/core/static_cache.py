@@ -17,7 +17,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import compile_static
+from specmm.core.compiled import compiled_helper
 
 
 def round_mask(attend: Tensor, slots: Tensor, round_start: Tensor, round_length: int, lengths: Tensor) -> Tensor:
@@ -51,17 +51,6 @@ def commit_slots(states: list[Tensor], cumulative: list[Tensor], lengths: Tensor
     round_start.copy_(lengths.max() if lengths.numel() else 0)
     for length in cumulative:
         length.copy_(round_start)
-
-
-_COMPILED_HELPERS: dict[str, object] = {}
-
-
-def compiled_helper(fn):
-    """`fn` compiled once per process (static shapes), for the bookkeeping of compiled rounds."""
-    found = _COMPILED_HELPERS.get(fn.__name__)
-    if found is None:
-        found = _COMPILED_HELPERS[fn.__name__] = compile_static(fn)
-    return found
 
 
 def static_cache_length(needed: int, bucket: int = 128) -> int:
