@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available())  # its device: this process's GPU
     if args.tiny:
         target, processor = tiny_captioner(Path(args.images))
     else:

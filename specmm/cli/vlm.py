@@ -90,6 +90,7 @@ def cmd_caption(args) -> int:
     from specmm.core.context import check_budget, context_limit
     from specmm.drafters import ModelDrafter, PromptLookupDrafter
     from specmm.jobs import fingerprint
+    from specmm.jobs.shards import process_device
     from specmm.vlm import SpeculativeVLM, caption_images, find_images
     from specmm.vlm.caption import DEFAULT_PROMPT, check_output
 
@@ -100,7 +101,7 @@ def cmd_caption(args) -> int:
     if args.drafter and args.drafter != "prompt-lookup":
         model_folder("--drafter", args.drafter, needs="")
     sampling = specmm.SamplingConfig(temperature=args.temperature)
-    device = torch.device(args.device)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     load = dict(dtype=args.dtype, attn_implementation="sdpa")
     with loading("--target", args.target):
         target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,6 +69,18 @@ class Processes:
         """This process's contiguous share of `batches` (by position only)."""
         with self.state.split_between_processes(list(batches)) as mine:
             return list(mine)
+
+
+def process_device(device: str):
+    """This process's device: under `accelerate launch`, a bare "cuda" is the GPU of this process's local rank
+    (cuda:LOCAL_RANK), so the processes of a node do not all load onto GPU 0; anything else as given."""
+    import torch
+
+    device = torch.device(device)
+    rank = os.environ.get("LOCAL_RANK")
+    if device.type == "cuda" and device.index is None and rank is not None:
+        return torch.device("cuda", int(rank))
+    return device
 
 
 def part_path(out: str | Path, rank: int) -> Path:
@@ -170,4 +183,4 @@ class ShardedJournal:
         self._close()
 
 
-__all__ = ["Processes", "ShardedJournal", "leftover_parts", "part_path"]
+__all__ = ["Processes", "ShardedJournal", "leftover_parts", "part_path", "process_device"]

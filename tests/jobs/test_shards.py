@@ -63,3 +63,15 @@ def test_two_process_caption_equals_one_process_and_survives_a_killed_rank(folde
     assert not leftover_parts(killed)
     assert [json.loads(line)["image"] for line in killed.read_text().splitlines()] == sorted(
         str(p.resolve()) for p in imgs.iterdir())
+
+
+def test_a_bare_cuda_device_is_the_local_rank_gpu_under_a_launcher(monkeypatch):
+    import torch
+
+    from specmm.jobs.shards import process_device
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert process_device("cuda") == torch.device("cuda", 3)
+    assert process_device("cuda:1") == torch.device("cuda", 1) and process_device("cpu") == torch.device("cpu")
+    monkeypatch.delenv("LOCAL_RANK")
+    assert process_device("cuda") == torch.device("cuda")
