@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from specmm.jobs.job import Job
@@ -91,6 +92,42 @@ def part_path(out: str | Path, rank: int) -> Path:
 def leftover_parts(out: str | Path) -> list[Path]:
     out = Path(out)
     return sorted(p for p in out.parent.glob(f".{out.name}.part*") if p.is_file())
+
+
+def _open_on_main(job: Job, processes: Processes) -> None:
+    """Open `job` (lock, manifest, resume decision) on the main process; its refusal is raised on every process."""
+    problem = None
+    if processes.is_main:
+        try:
+            job.__enter__()
+        except BaseException as err:
+            problem = err
+    message = processes.share(None if problem is None else f"{type(problem).__name__}: {problem}")
+    if problem is not None:
+        raise problem
+    if message is not None:
+        raise ValueError(f"the main process could not open the job: {message}")
+
+
+def _log_failure(processes: Processes, err: BaseException) -> None:
+    if processes.size > 1:
+        logger.error("rank %d of %d failed: %s: %s; what it finished is kept, rerun with --resume to finish",
+                     processes.rank, processes.size, type(err).__name__, err)
+
+
+@contextmanager
+def shared_job(job: Job, processes: Processes) -> Iterator[Job]:
+    """A job whose items are files of their own (an image folder): opened on the main process only, every process
+    writing its items; the caller shares the plan from the main process and waits for all before finishing."""
+    _open_on_main(job, processes)
+    try:
+        yield job
+    except BaseException as err:
+        _log_failure(processes, err)
+        raise
+    finally:
+        if processes.is_main:
+            job.__exit__(None, None, None)
 
 
 class ShardedJournal:

@@ -1,5 +1,6 @@
-"""Entry point for `accelerate launch` in the multi-process job tests: `launched.py [--kill-rank R] ARGS...` runs
-`specmm ARGS`; with --kill-rank the process of rank R SIGKILLs itself right after its first result write."""
+"""Entry point for `accelerate launch` in the multi-process job tests: `launched.py [--kill-rank R] ARGS [--then
+ARGS ...]` runs `specmm ARGS` for each command in turn (one launch, so the processes start once); with --kill-rank
+the process of rank R SIGKILLs itself right after its first result write."""
 
 from __future__ import annotations
 
@@ -27,4 +28,14 @@ if __name__ == "__main__":
     if argv[:1] == ["--kill-rank"]:
         kill_after_first_write(int(argv[1]))
         argv = argv[2:]
-    sys.exit(main(argv))
+    commands, current = [], []
+    for arg in argv:
+        if arg == "--then":
+            commands.append(current)
+            current = []
+        else:
+            current.append(arg)
+    for command in [*commands, current]:
+        code = main(command)
+        if code:
+            sys.exit(code)

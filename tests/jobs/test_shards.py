@@ -1,5 +1,6 @@
-"""Jobs under `accelerate launch --num_processes 2` on CPU (gloo): the merged output equals a single-process run's
-byte for byte, and a SIGKILL of one rank followed by `--resume` with one process loses and repeats nothing."""
+"""Jobs under `accelerate launch --num_processes 2` on CPU (gloo): `caption`, `sample-images` and `reason` write
+byte for byte what a single-process run writes, and a SIGKILL of one rank followed by `--resume` with one process
+loses and repeats nothing. (Each launch starts two interpreters: the three jobs share one launch.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from specmm.cli import main
 from specmm.jobs.shards import leftover_parts
 from tests.cli.test_caption import folders  # noqa: F401  (module fixture: a saved tiny LLaVA and 5 scenes)
+from tests.cli.test_kill_resume import LLAMAGEN, same_images
 
 LAUNCHED = Path(__file__).with_name("launched.py")
 
@@ -42,24 +44,53 @@ def caption_args(target, imgs, out) -> list[str]:
             str(out), "--batch-size", "1", "--max-new-tokens", "6", "--device", "cpu"]
 
 
-def test_two_process_caption_equals_one_process_and_survives_a_killed_rank(folders, tmp_path):  # noqa: F811
+def images_args(out) -> list[str]:
+    return ["sample-images", "--gpt-ckpt", str(LLAMAGEN / "gpt_c2i.pt"), "--vq-ckpt", str(LLAMAGEN / "vq.pt"),
+            "--gpt-config", str(LLAMAGEN / "gpt_c2i_config.json"), "--vq-config", str(LLAMAGEN / "vq_config.json"),
+            "--top-k", "16", "--cfg-scale", "2.0", "--classes", "1,2", "--per-class", "2", "--batch-size", "1",
+            "--method", "sjd", "--device", "cpu", "--out", str(out)]
+
+
+def reason_args(out) -> list[str]:
+    return ["reason", "--scale", "tiny", "--policy", "random", "--threshold", "0.5", "--max-new-tokens", "12",
+            "--max-step-tokens", "4", "--batch-size", "1", "--problems", "4", "--device", "cpu", "--out", str(out)]
+
+
+@pytest.mark.skipif(not LLAMAGEN.is_dir(), reason="LlamaGen fixtures not available")
+def test_two_processes_write_what_one_process_writes(folders, tiny_zoo, tmp_path):  # noqa: F811
+    tiny_zoo("chainarith")
     target, imgs = folders
-    single, double, killed = tmp_path / "single.jsonl", tmp_path / "double.jsonl", tmp_path / "killed.jsonl"
-    assert main(caption_args(target, imgs, single)) == 0
-    expected = single.read_bytes()
-    assert len(expected.splitlines()) == 5
-
-    run = launch(caption_args(target, imgs, double))
+    one, two = tmp_path / "one", tmp_path / "two"
+    commands = {"caption": lambda root: caption_args(target, imgs, root / "captions.jsonl"),
+                "images": lambda root: images_args(root / "images"),
+                "reason": lambda root: reason_args(root / "rollouts.jsonl")}
+    for make in commands.values():
+        assert main(make(one)) == 0
+    argv = []
+    for make in commands.values():
+        argv += [*make(two), "--then"]
+    run = launch(argv[:-1])
     assert run.returncode == 0, run.stderr[-3000:]
-    assert double.read_bytes() == expected
-    assert not leftover_parts(double)
+    reports = [line for line in run.stdout.splitlines() if " -> " in line]  # the main process reports each job
+    assert len(reports) == 3 and "captioned 5," in reports[0] and reports[1].startswith("4 new images"), reports
+    for name in ("captions.jsonl", "rollouts.jsonl"):
+        assert (two / name).read_bytes() == (one / name).read_bytes(), name
+        assert not leftover_parts(two / name)
+    assert len((two / "rollouts.jsonl").read_text().splitlines()) == 4
+    same_images(one / "images", two / "images")
+    assert len(list((two / "images").glob("class*.png"))) == 4
 
+
+def test_a_killed_rank_then_resume_with_one_process_loses_and_repeats_nothing(folders, tmp_path):  # noqa: F811
+    target, imgs = folders
+    single, killed = tmp_path / "single.jsonl", tmp_path / "killed.jsonl"
+    assert main(caption_args(target, imgs, single)) == 0
     run = launch(caption_args(target, imgs, killed), kill_rank=1)
     assert run.returncode != 0
     assert "rank" in run.stderr and ": 1" in run.stderr, run.stderr[-3000:]  # torch elastic names the failed rank
     assert leftover_parts(killed)  # the killed run left its parts
     assert main(caption_args(target, imgs, killed) + ["--resume"]) == 0  # one process now
-    assert killed.read_bytes() == expected
+    assert killed.read_bytes() == single.read_bytes()
     assert not leftover_parts(killed)
     assert [json.loads(line)["image"] for line in killed.read_text().splitlines()] == sorted(
         str(p.resolve()) for p in imgs.iterdir())
