@@ -232,5 +232,5 @@ def add_job_arguments(p, batch_size: int) -> None:
     p.add_argument("--device", type=device_arg, default=default_device())
 
 
-__all__ = ["OWNED", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
+__all__ = ["OWNED", "ImagesBar", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
            "image_seed", "parse_classes", "plan_job", "readable_png", "save_batch"]

@@ -1,6 +1,6 @@
-"""Jobs under `accelerate launch --num_processes 2` on CPU (gloo): `caption`, `sample-images` and `reason` write
-byte for byte what a single-process run writes, and a SIGKILL of one rank followed by `--resume` with one process
-loses and repeats nothing. (Each launch starts two interpreters: the three jobs share one launch.)"""
+"""Jobs under `accelerate launch --num_processes 2` on CPU (gloo): `caption`, `sample-images`, `reason` and
+`sample-continuous` write byte for byte what a single-process run writes, and a SIGKILL of one rank followed by
+`--resume` with one process loses and repeats nothing. (Each launch starts two interpreters: the four jobs share one launch.)"""
 
 from __future__ import annotations
 
@@ -56,14 +56,22 @@ def reason_args(out) -> list[str]:
             "--max-step-tokens", "4", "--batch-size", "1", "--problems", "4", "--device", "cpu", "--out", str(out)]
 
 
+def continuous_args(folder, out) -> list[str]:
+    return ["sample-continuous", "--target", str(folder / "target"), "--vae", str(folder / "vae"), "--draft",
+            str(folder / "draft"), "--k", "2", "--classes", "0,2", "--per-class", "2", "--batch-size", "1",
+            "--device", "cpu", "--out", str(out)]
+
+
 @pytest.mark.skipif(not LLAMAGEN.is_dir(), reason="LlamaGen fixtures not available")
 def test_two_processes_write_what_one_process_writes(folders, tiny_zoo, tmp_path):  # noqa: F811
     tiny_zoo("chainarith")
+    cspd = tiny_zoo("cspd")
     target, imgs = folders
     one, two = tmp_path / "one", tmp_path / "two"
     commands = {"caption": lambda root: caption_args(target, imgs, root / "captions.jsonl"),
                 "images": lambda root: images_args(root / "images"),
-                "reason": lambda root: reason_args(root / "rollouts.jsonl")}
+                "reason": lambda root: reason_args(root / "rollouts.jsonl"),
+                "continuous": lambda root: continuous_args(cspd, root / "continuous")}
     for make in commands.values():
         assert main(make(one)) == 0
     argv = []
@@ -72,13 +80,15 @@ def test_two_processes_write_what_one_process_writes(folders, tiny_zoo, tmp_path
     run = launch(argv[:-1])
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [line for line in run.stdout.splitlines() if " -> " in line]  # the main process reports each job
-    assert len(reports) == 3 and "captioned 5," in reports[0] and reports[1].startswith("4 new images"), reports
+    assert len(reports) == 4 and "captioned 5," in reports[0] and reports[1].startswith("4 new images"), reports
     for name in ("captions.jsonl", "rollouts.jsonl"):
         assert (two / name).read_bytes() == (one / name).read_bytes(), name
         assert not leftover_parts(two / name)
     assert len((two / "rollouts.jsonl").read_text().splitlines()) == 4
     same_images(one / "images", two / "images")
     assert len(list((two / "images").glob("class*.png"))) == 4
+    same_images(one / "continuous", two / "continuous")
+    assert len(list((two / "continuous").glob("class*.png"))) == 4
 
 
 def test_a_killed_rank_then_resume_with_one_process_loses_and_repeats_nothing(folders, tmp_path):  # noqa: F811
