@@ -1,6 +1,11 @@
 """SpecReason rollouts for RL: a small model drafts each reasoning step, the target scores it and regenerates the
 steps it rejects; `RolloutBatch.to_trl()` gives prompt ids, completion ids, the behaviour log-probs every token
-was sampled with, and which model produced each token (a TRL GRPOTrainer `rollout_func` returns such a dict).
+was sampled with, and which model produced each token. `grpo_rollout_func` wraps it as TRL's rollout hook:
+
+    rollout = grpo_rollout_func(spec, max_new_tokens=1024, sampling=SamplingConfig(temperature=1.0))
+    trainer = trl.GRPOTrainer(model=target, reward_funcs=[...], train_dataset=..., rollout_func=rollout)
+
+(the speculator's target is the very model object given to the trainer, so rollouts follow its training).
 
     python examples/reason_rollouts.py --target path/to/reasoner --draft path/to/small-reasoner
     python examples/reason_rollouts.py --tiny
@@ -15,7 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specmm import SamplingConfig
-from specmm.reasoning import JudgeTemplate, SpecReason, StepSpeculator
+from specmm.reasoning import DRAFT, JudgeTemplate, SpecReason, StepSpeculator
+from specmm.reasoning.trl import grpo_rollout_func
 
 
 def tiny_setup():
@@ -54,11 +60,11 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = ["What is 17 * 23? Think step by step.", "Is 221 prime? Think step by step."]
     policy = SpecReason(args.threshold, template=JudgeTemplate.from_text(tokenizer, judge))
     spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=delimiter, max_step_tokens=16)
-    batch = spec.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(temperature=1.0),
-                          seed=0)
-    rollouts = batch.to_trl()
-    print(f"{len(prompts)} rollouts, draft steps kept {batch.acceptance_rate:.2f}, exact: {batch.exact}")
-    return {"batch": batch, "trl": rollouts, "target": target, "tokenizer": tokenizer}
+    rollout = grpo_rollout_func(spec, max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(temperature=1.0))
+    rollouts = rollout(prompts, None)  # what GRPOTrainer receives (it passes itself instead of None)
+    kept = sum(s == DRAFT for row in rollouts["source"] for s in row)
+    print(f"{len(prompts)} rollouts, {kept} of {sum(map(len, rollouts['source']))} tokens from the draft")
+    return {"trl": rollouts, "target": target, "tokenizer": tokenizer}
 
 
 if __name__ == "__main__":
