@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,7 +37,9 @@ def launch(args: list[str], processes: int = 2, kill_rank: int | None = None) ->
     root = Path(__file__).parents[2]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    print("$", " ".join(command[1:]), f"\n{run.stdout}(exit {run.returncode})")  # shown with pytest -s
+    return run
 
 
 def caption_args(target, imgs, out) -> list[str]:
@@ -97,7 +100,9 @@ def test_a_killed_rank_then_resume_with_one_process_loses_and_repeats_nothing(fo
     assert main(caption_args(target, imgs, single)) == 0
     run = launch(caption_args(target, imgs, killed), kill_rank=1)
     assert run.returncode != 0
-    assert "rank" in run.stderr and ": 1" in run.stderr, run.stderr[-3000:]  # torch elastic names the failed rank
+    print("\n".join(line for line in run.stderr.splitlines() if "rank" in line or "exitcode" in line))
+    # torch elastic names the failed rank and its signal: "rank : 1 (local_rank: 1) / exitcode : -9"
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s+exitcode\s*:\s*-9", run.stderr), run.stderr[-3000:]
     assert leftover_parts(killed)  # the killed run left its parts
     assert main(caption_args(target, imgs, killed) + ["--resume"]) == 0  # one process now
     assert killed.read_bytes() == single.read_bytes()
