@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from specmm.cli.common import float_range, loading, model_folder, nonnegative_int, positive_int
 from specmm.cli.images import (
+    ImagesBar,
     add_job_arguments,
     finish_job,
     image_job,
@@ -35,20 +35,22 @@ def cmd_sample_continuous(args) -> int:
     from specmm.image_ar.continuous.latents import decode
     from specmm.image_ar.images import to_pil
     from specmm.jobs import fingerprint
+    from specmm.jobs.shards import Processes, process_device, shared_job
 
     out = Path(args.out)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     model_folder("--target", args.target)
     model_folder("--vae", args.vae)
     model_folder("--draft", args.draft)
     with loading("--target", args.target):
-        target = ContinuousAR.from_pretrained(args.target, args.device)
+        target = ContinuousAR.from_pretrained(args.target, device)
     classes = parse_classes(args.classes, target.config.num_classes)
     with loading("--vae", args.vae, "VAE"):
-        vae = AutoencoderKL.from_pretrained(args.vae).to(args.device).eval()
+        vae = AutoencoderKL.from_pretrained(args.vae).to(device).eval()
     sampler = None
     if args.draft:
         with loading("--draft", args.draft):
-            draft = ContinuousAR.from_pretrained(args.draft, args.device)
+            draft = ContinuousAR.from_pretrained(args.draft, device)
         sampler = CSpDSampler(target, draft, draft_tokens=args.k, rule=args.rule, prefill_tokens=args.prefill_tokens)
     if args.compile_heads:
         for model in (target, draft) if sampler else (target,):
@@ -59,26 +61,35 @@ def cmd_sample_continuous(args) -> int:
                 "target": fingerprint(args.target), "vae": fingerprint(args.vae)}
     if sampler:
         settings.update(draft=fingerprint(args.draft), prefill_tokens=args.prefill_tokens)
-    with image_job(args, "sample-continuous", settings):
-        jobs, todo = plan_job(out, classes, args.per_class, args.batch_size)
+    processes = Processes(cpu=device.type == "cpu")
+    with shared_job(image_job(args, "sample-continuous", settings), processes):
+        # the plan of the main process (what is on disk before anyone writes), the same on every process
+        jobs, todo = processes.share(plan_job(out, classes, args.per_class, args.batch_size)
+                                     if processes.is_main else None)
         forwards = tokens = drafted = accepted = written = 0
-        for batch in tqdm(todo, desc=f"sample-continuous {method}"):
-            # one generator per batch (the sampler draws for all rows at once): seeded by the batch's first image
-            gen = torch.Generator(device=args.device).manual_seed(image_seed(args.seed, *batch[0]))
-            labels = torch.tensor([c for c, _ in batch], device=args.device)
-            if sampler:
-                result = sampler.sample(labels, temperature=args.temperature, generator=gen)
-            else:
-                result = sample_ar(target, labels, temperature=args.temperature, generator=gen)
-            written += save_batch(out, batch, to_pil(decode(vae, result.tokens)))
-            forwards += result.stats.row_forwards
-            tokens += result.stats.new_tokens
-            drafted, accepted = drafted + result.stats.continuous.drafted, accepted + result.stats.continuous.accepted
-
+        with ImagesBar(out, sum(len(b) for b in todo), f"sample-continuous {method}", processes) as bar:
+            for batch in processes.my_share(todo):
+                # one generator per batch (the sampler draws for all rows at once): seeded by its first image
+                gen = torch.Generator(device=device).manual_seed(image_seed(args.seed, *batch[0]))
+                labels = torch.tensor([c for c, _ in batch], device=device)
+                if sampler:
+                    result = sampler.sample(labels, temperature=args.temperature, generator=gen)
+                else:
+                    result = sample_ar(target, labels, temperature=args.temperature, generator=gen)
+                written += save_batch(out, batch, to_pil(decode(vae, result.tokens)))
+                forwards += result.stats.row_forwards
+                tokens += result.stats.new_tokens
+                drafted += result.stats.continuous.drafted
+                accepted += result.stats.continuous.accepted
+                bar.advance(len(batch))
+        processes.barrier()
+        written, forwards, tokens, drafted, accepted = (
+            sum(c) for c in zip(*processes.gather((written, forwards, tokens, drafted, accepted))))
         summary = {"method": method, "settings": settings, "images": len(jobs), "sampled_now": written,
                    "mean_accepted_now": tokens / forwards if forwards else None,
                    "acceptance_rate_now": accepted / drafted if drafted else None}
-        finish_job(out, [image_path(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
+        if processes.is_main:
+            finish_job(out, [image_path(out, *job) for job in jobs], args.per_class, summary, "mean_accepted_now")
     return 0
 
 

@@ -104,15 +104,17 @@ def cmd_sample_images(args) -> int:
     from specmm.image_ar import ImageDrafter, LlamaGen
     from specmm.image_ar.methods import NEEDS_DRAFTER, make_sampler
     from specmm.jobs import fingerprint
+    from specmm.jobs.shards import Processes, process_device, shared_job
 
     out = Path(args.out)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     for argument in ("--gpt-ckpt", "--vq-ckpt"):
         input_file(argument, getattr(args, argument[2:].replace("-", "_")))
     if args.method in NEEDS_DRAFTER and not args.drafter:
         raise ValueError(f"--drafter: method {args.method!r} needs a trained image drafter (--drafter DIR)")
     with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
         lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
-                                      image_size=args.image_size).to(args.device)
+                                      image_size=args.image_size).to(device)
     classes = parse_classes(args.classes, lg.config.num_classes)
     drafter = None
     if args.drafter:
@@ -129,22 +131,53 @@ def cmd_sample_images(args) -> int:
         settings["lam"] = args.lam
     if drafter is not None and args.method in ("exact", "lantern", "lantern++"):
         settings["drafter"] = fingerprint(args.drafter)
-    with image_job(args, "sample-images", settings):
-        jobs, todo = plan_job(out, classes, args.per_class, args.batch_size)
+    processes = Processes(cpu=device.type == "cpu")
+    with shared_job(image_job(args, "sample-images", settings), processes):
+        # the plan of the main process (what is on disk before anyone writes), the same on every process
+        jobs, todo = processes.share(plan_job(out, classes, args.per_class, args.batch_size)
+                                     if processes.is_main else None)
         forwards = tokens = written = 0
-        for batch in tqdm(todo, desc=f"sample-images {args.method}"):
-            generators = [torch.Generator(device=args.device).manual_seed(image_seed(args.seed, c, i))
-                          for c, i in batch]
-            res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
-                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 generator=generators)
-            written += save_batch(out, batch, res.images)
-            forwards += res.stats.row_forwards
-            tokens += res.stats.new_tokens
+        with ImagesBar(out, sum(len(b) for b in todo), f"sample-images {args.method}", processes) as bar:
+            for batch in processes.my_share(todo):
+                generators = [torch.Generator(device=device).manual_seed(image_seed(args.seed, c, i))
+                              for c, i in batch]
+                res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
+                                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                     generator=generators)
+                written += save_batch(out, batch, res.images)
+                forwards += res.stats.row_forwards
+                tokens += res.stats.new_tokens
+                bar.advance(len(batch))
+        processes.barrier()
+        written, forwards, tokens = (sum(c) for c in zip(*processes.gather((written, forwards, tokens))))
         summary = {"method": args.method, "settings": settings, "images": len(jobs), "sampled_now": written,
                    "step_compression_now": tokens / forwards if forwards else None}
-        finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
+        if processes.is_main:
+            finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
     return 0
+
+
+class ImagesBar:
+    """The main process's progress bar over the whole job: with several processes it counts the class images in
+    the folder (every process writes there), else this process's own."""
+
+    def __init__(self, out: Path, total: int, desc: str, processes):
+        self.out, self.processes = out, processes
+        self.start = self._count()
+        self.bar = tqdm(total=total, desc=desc, unit="img", disable=not processes.is_main)
+
+    def _count(self) -> int:
+        return sum(1 for _ in self.out.glob("class*.png")) if self.processes.size > 1 else 0
+
+    def advance(self, images: int) -> None:
+        step = images if self.processes.size == 1 else max(self._count() - self.start - self.bar.n, 0)
+        self.bar.update(min(step, self.bar.total - self.bar.n))
+
+    def __enter__(self) -> ImagesBar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
 
 
 def finish_job(out: Path, images: list[Path], columns: int, summary: dict, per_forward: str) -> None:
@@ -202,5 +235,5 @@ def add_job_arguments(p, batch_size: int) -> None:
     p.add_argument("--device", type=device_arg, default=default_device())
 
 
-__all__ = ["OWNED", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
+__all__ = ["OWNED", "ImagesBar", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
            "image_seed", "parse_classes", "plan_job", "readable_png", "save_batch"]

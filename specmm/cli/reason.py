@@ -172,7 +172,8 @@ def _load_models(args, device):
 def cmd_reason(args) -> int:
     from specmm.core.context import check_budget, context_limit, context_problem
     from specmm.core.sampling import SamplingConfig
-    from specmm.jobs import Job, Journal, pending_batches
+    from specmm.jobs import Job, pending_batches
+    from specmm.jobs.shards import Processes, ShardedJournal, process_device
     from specmm.reasoning import StepSpeculator
 
     if args.refill and args.schedule != "async":
@@ -185,7 +186,7 @@ def cmd_reason(args) -> int:
                          "another file")
     prompts = read_text_lines("--prompts", args.prompts) if args.prompts else None
     sampling = SamplingConfig(temperature=args.temperature)
-    device = torch.device(args.device)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     target, draft, tokenizer, models, delimiter, prints = _load_models(args, device)
     if prompts is None:  # the zoo build (--target requires --prompts)
         prompts = [p.prompt for p in models.heldout_problems(args.problems)]
@@ -202,10 +203,11 @@ def cmd_reason(args) -> int:
     # every row draws from its own generators (random routing too): batches and schedule leave rollouts unchanged
 
     keys = item_keys(prompts)
+    job = Job(out, "reason", settings, resume=args.resume, force=args.force, argument="--out")
+    processes = Processes(cpu=device.type == "cpu")
     kept = checked = new = 0
-    with Job(out, "reason", settings, resume=args.resume, force=args.force, argument="--out"), \
-            Journal(out, key_field="key", argument="--out", what="rollout") as journal:
-        done = journal.load()
+    with ShardedJournal(job, "key", processes, what="rollout") as journal:
+        done = set(journal.done_keys)  # every process knows the keys; records stay in the output
         skipped = sum(k in done for k in keys)
         fits, errors = [], []
         for i, prompt in enumerate(prompts):  # prompts that cannot fit become error lines; the rest run as usual
@@ -218,32 +220,38 @@ def cmd_reason(args) -> int:
                 errors.append({"key": keys[i], "index": i, "prompt": prompt, "error": f"prompt: {problem}"})
             else:
                 fits.append(i)
-        journal.append(errors)
-        done.update((r["key"], r) for r in errors)
+        if processes.is_main:  # every process finds the same errors: the main one writes them
+            journal.append(errors)
+        done.update(r["key"] for r in errors)
         group = args.batch_size * (REFILL_GROUP if args.refill else 1)
         batches = pending_batches(fits, group, lambda i: keys[i] in done)
-        for rows in tqdm(batches, desc=f"reason {spec.policy.name}", unit="batch"):
-            batch = spec.generate([prompts[i] for i in rows], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                  seed=[item_seed(args.seed, keys[i]) for i in rows], schedule=args.schedule,
-                                  batch_size=args.batch_size, refill=args.refill)
-            records = []
-            for j, i in enumerate(rows):
-                if keys[i] in done:  # done before a resume (rows are independent: re-running it changes nothing)
-                    continue
-                decisions = batch.decisions[j]
-                kept += sum(d for d in decisions if d is not None)
-                checked += sum(d is not None for d in decisions)
-                n = len(batch.completions[j])
-                records.append({"key": keys[i], "index": i, "prompt": prompts[i],
-                                "completion": tokenizer.decode(batch.completions[j]),
-                                "completion_ids": batch.completions[j],
-                                "behaviour_logprobs": batch.behaviour_logprobs[j, :n].tolist(),
-                                "source": batch.source[j, :n].tolist(), "step_spans": batch.step_spans[j],
-                                "scores": batch.scores[j], "decisions": decisions, "exact": batch.exact})
-            journal.append(records)
-            done.update((r["key"], r) for r in records)
-            new += len(records)
-        journal.finish(keys, done)  # lines in input order, as an uninterrupted run leaves them
+        with tqdm(total=sum(keys[i] not in done for i in fits), desc=f"reason {spec.policy.name}", unit="prompt",
+                  disable=not processes.is_main) as bar:
+            for rows in processes.my_share(batches):
+                batch = spec.generate([prompts[i] for i in rows], max_new_tokens=args.max_new_tokens,
+                                      sampling=sampling, seed=[item_seed(args.seed, keys[i]) for i in rows],
+                                      schedule=args.schedule, batch_size=args.batch_size, refill=args.refill)
+                records = []
+                for j, i in enumerate(rows):
+                    if keys[i] in done:  # done before a resume (rows are independent: re-running changes nothing)
+                        continue
+                    decisions = batch.decisions[j]
+                    kept += sum(d for d in decisions if d is not None)
+                    checked += sum(d is not None for d in decisions)
+                    n = len(batch.completions[j])
+                    records.append({"key": keys[i], "index": i, "prompt": prompts[i],
+                                    "completion": tokenizer.decode(batch.completions[j]),
+                                    "completion_ids": batch.completions[j],
+                                    "behaviour_logprobs": batch.behaviour_logprobs[j, :n].tolist(),
+                                    "source": batch.source[j, :n].tolist(), "step_spans": batch.step_spans[j],
+                                    "scores": batch.scores[j], "decisions": decisions, "exact": batch.exact})
+                journal.append(records)
+                new += len(records)
+                bar.update(max(journal.written() - bar.n, 0) if processes.size > 1 else len(records))
+        journal.finish(keys)  # lines in input order (merged from every process), as one uninterrupted run leaves
+        kept, checked, new = (sum(c) for c in zip(*processes.gather((kept, checked, new))))
+    if not processes.is_main:
+        return 0
     rate = f"{kept / checked:.2f}" if checked else "-"
     print(f"{new} prompts ({skipped} skipped, {len(errors)} errors), {spec.policy.name}: draft steps kept {rate} "
           f"-> {out}")

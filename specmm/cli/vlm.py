@@ -90,6 +90,7 @@ def cmd_caption(args) -> int:
     from specmm.core.context import check_budget, context_limit
     from specmm.drafters import ModelDrafter, PromptLookupDrafter
     from specmm.jobs import fingerprint
+    from specmm.jobs.shards import Processes, process_device
     from specmm.vlm import SpeculativeVLM, caption_images, find_images
     from specmm.vlm.caption import DEFAULT_PROMPT, check_output
 
@@ -100,7 +101,7 @@ def cmd_caption(args) -> int:
     if args.drafter and args.drafter != "prompt-lookup":
         model_folder("--drafter", args.drafter, needs="")
     sampling = specmm.SamplingConfig(temperature=args.temperature)
-    device = torch.device(args.device)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     load = dict(dtype=args.dtype, attn_implementation="sdpa")
     with loading("--target", args.target):
         target = AutoModelForImageTextToText.from_pretrained(args.target, **load).to(device).eval()
@@ -128,6 +129,8 @@ def cmd_caption(args) -> int:
     summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                              resume=args.resume, force=args.force, sampling=sampling,
                              prompt=args.prompt or DEFAULT_PROMPT, settings=models, argument="--out")
+    if not Processes(cpu=device.type == "cpu").is_main:
+        return 0  # under `accelerate launch` the main process reports the whole job
     done = summary.caption
     compiling = (f" (of which {summary.compile_time_s:.1f} s compiling new shapes)" if args.compile else "")
     print(f"captioned {done.captioned}, skipped {done.skipped}, errors {done.errors}; "

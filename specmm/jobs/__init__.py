@@ -5,7 +5,9 @@
 - `content`: content fingerprints of models and keys of input items;
 - `journal`: JSON-lines results keyed per item, torn last line repaired on resume;
 - `job`: the manifest of what changes results, and the resume / force / refuse decision;
-- `plan`: the batches a resumed job still runs (fixed slices, so it matches an uninterrupted run).
+- `plan`: the batches a resumed job still runs (fixed slices, so it matches an uninterrupted run);
+- `shards`: a job over the processes of `accelerate launch` (fixed split, a part file per process, merged by the
+  main process into what one process writes).
 
 This package imports no other specmm package, so the library, the zoo, the benchmarks and the CLI can all use it.
 """

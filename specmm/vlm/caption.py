@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from specmm.core.context import context_limit, context_problem
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import CaptionExtras, GenerationStats
-from specmm.jobs import Job, Journal, file_key, pending_batches
+from specmm.jobs import Job, file_key, pending_batches
+from specmm.jobs.shards import Processes, ShardedJournal
 from specmm.vlm.pipeline import SpeculativeVLM
 
 logger = logging.getLogger(__name__)
@@ -105,22 +106,34 @@ def caption_images(svlm: SpeculativeVLM, image_paths: Sequence[str | Path], out_
     started = time.perf_counter()
     job = Job(out_path, "caption", job_settings(svlm, prompt, max_new_tokens, sampling, settings), resume=resume,
               force=force, argument=argument)
-    with job, Journal(out_path, key_field="image", argument=argument, what="caption") as journal:
-        done = journal.load()
-        todo = [k for k in keys if k not in done]
-        summary = GenerationStats(caption=CaptionExtras(skipped=len(keys) - len(todo)))
-        logger.info("captioning %d images (%d already in %s)", len(todo), summary.caption.skipped, out_path)
-        with tqdm(total=len(todo), unit="img", desc="captioning", disable=not progress) as bar:
-            for batch in pending_batches(keys, batch_size, done.__contains__):
-                records, stats = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling, skip=set(done))
+    processes = Processes(cpu=svlm.model.device.type == "cpu")
+    with ShardedJournal(job, "image", processes, what="caption") as journal:
+        skipped = sum(k in journal.done_keys for k in keys)
+        summary = GenerationStats(caption=CaptionExtras())
+        logger.info("captioning %d images (%d already in %s)", len(keys) - skipped, skipped, out_path)
+        batches = pending_batches(keys, batch_size, journal.done_keys.__contains__)
+        with tqdm(total=len(keys) - skipped, unit="img", desc="captioning",
+                  disable=not (progress and processes.is_main)) as bar:
+            for batch in processes.my_share(batches):
+                records, stats = _caption_batch(svlm, batch, prompt, max_new_tokens, sampling,
+                                                skip=set(journal.done_keys))
                 summary.add(stats)
                 journal.append(records)
-                done.update((r["image"], r) for r in records)
-                bar.update(len(records))
+                bar.update(max(journal.written() - bar.n, 0) if processes.size > 1 else len(records))
                 bar.set_postfix(mean_accepted=f"{summary.mean_accepted:.2f}")
-        journal.finish(keys, done)  # a resumed job's lines in input order, as an uninterrupted run leaves them
+        journal.finish(keys)  # lines in input order (merged from every process), as one uninterrupted run leaves
+        summary = _summed(processes.gather(summary))
+        summary.caption.skipped = skipped
     summary.wall_time_s = time.perf_counter() - started
     return summary
+
+
+def _summed(parts: list[GenerationStats]) -> GenerationStats:
+    """Every process's stats as one (images and rows appended by rank)."""
+    total = GenerationStats(caption=CaptionExtras())
+    for part in parts:
+        total.add(part)
+    return total
 
 
 def _too_long(svlm: SpeculativeVLM, image: Image.Image, prompt: str, max_new_tokens: int) -> str | None:
