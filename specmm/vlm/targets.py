@@ -94,6 +94,7 @@ class VLMTarget(HFCausalLMTarget):
 
     provides = frozenset({FEATURES, INPUTS_EMBEDS, IMAGE_ATTENTION})
     model_input_names: tuple[str, ...] = ("pixel_values",)
+    token_types_name: str | None = None  # per-token type input over the full prompt (1 = image), if the family has one
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -139,11 +140,26 @@ class VLMTarget(HFCausalLMTarget):
 
     def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
         """[B] bool: rows whose last prompt token is an image token, when the inputs tell (else None)."""
-        return None
+        types = model_inputs.get(self.token_types_name) if self.token_types_name else None
+        return None if types is None else types[:, -1] != 0
+
+    def check_token_types(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        """The token-type input (full prompt, [B, L]) must mark exactly the image tokens."""
+        name = self.token_types_name
+        types = model_inputs.get(name) if name else None
+        if types is None:
+            return
+        if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
+            raise ValueError(f"{name}: shape {tuple(types.shape)} does not match input_ids "
+                             f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
+        marked = types[:, :-1].to(input_ids.device) == 1
+        if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
+            raise ValueError(f"{name}: does not mark exactly the image tokens of input_ids")
 
     def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
         """Raise ValueError when images and image tokens disagree. Called by `prefill` before any forward, on
         the prompt minus its last token (the engine verifies that token as the first root, without pixels)."""
+        self.check_token_types(input_ids, attention_mask, model_inputs)
         is_image = (input_ids == self.image_token_id) & attention_mask.bool()  # [B, L-1]
         found = int(is_image.sum())
         last_image = self.last_token_is_image(model_inputs)
@@ -172,8 +188,13 @@ class VLMTarget(HFCausalLMTarget):
     # ------------------------------------------------------------------------------------------ running
 
     def forward_inputs(self, model_inputs: dict) -> dict:
-        """The model inputs passed to the prefill forward, on the target's device."""
-        return {k: v.to(self.device) for k, v in model_inputs.items()}
+        """The model inputs passed to the prefill forward, on the target's device (token types cover the full
+        prompt and only shape masks or positions, which the adapter gives explicitly)."""
+        return {k: v.to(self.device) for k, v in model_inputs.items() if k != self.token_types_name}
+
+    def extend_prompt(self, valid: Tensor, positions: Tensor | None, model_inputs: dict, **inputs: Any) -> None:
+        """Run and commit the prompt prefix (causal attention; Gemma 3 overrides it)."""
+        self.runner.extend(valid, positions=positions, **inputs)
 
     def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
         """Positions of the prefix ([B, L-1], or [3, B, L-1] for M-RoPE); None: continue each row's count."""
@@ -192,7 +213,7 @@ class VLMTarget(HFCausalLMTarget):
         capture = _InputsEmbedsCapture(self.language_model) if INPUTS_EMBEDS in self.needs else None
         attention = _LastLayerAttention(self.language_model) if IMAGE_ATTENTION in self.needs else None
         try:
-            self.runner.extend(valid, positions=positions, input_ids=input_ids, logits_to_keep=1,
+            self.extend_prompt(valid, positions, model_inputs, input_ids=input_ids, logits_to_keep=1,
                                **self.forward_inputs(model_inputs))
             if attention is not None:
                 extras[IMAGE_ATTENTION] = attention.scores()  # [B, L-1]
@@ -297,6 +318,7 @@ class Qwen2_5_VLTarget(VLMTarget):
     one `rope_delta` per row ([B, 1]) shifting every later position on all three axes."""
 
     model_input_names = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    token_types_name = "mm_token_type_ids"
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         super().start(batch, needs)
@@ -325,25 +347,6 @@ class Qwen2_5_VLTarget(VLMTarget):
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         merge = self.model.config.vision_config.spatial_merge_size
         return (model_inputs["image_grid_thw"].prod(-1) // merge**2).tolist()
-
-    def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
-        types = model_inputs.get("mm_token_type_ids")
-        return None if types is None else types[:, -1] != 0
-
-    def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
-        types = model_inputs.get("mm_token_type_ids")
-        if types is not None:
-            if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
-                raise ValueError(f"mm_token_type_ids: shape {tuple(types.shape)} does not match input_ids "
-                                 f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
-            marked = types[:, :-1].to(input_ids.device) == 1
-            if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
-                raise ValueError("mm_token_type_ids: does not mark exactly the image tokens of input_ids")
-        super().check_images(input_ids, attention_mask, model_inputs)
-
-    def forward_inputs(self, model_inputs: dict) -> dict:
-        # positions are given explicitly, so the model never needs the token types (which cover the full prompt)
-        return {k: v.to(self.device) for k, v in model_inputs.items() if k != "mm_token_type_ids"}
 
     def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
         """[3, B, L-1] M-RoPE positions of the prefix, computed on the full prompt (its last token is text);

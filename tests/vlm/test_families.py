@@ -1,0 +1,126 @@
+"""More VLM families (Gemma 3, ...): greedy tokens with untrained `eagle` and `vispec` drafters equal the stock
+model's own greedy `generate` on a ragged batch of 3 prompts with different text, one of them holding two images."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+import specmm
+import specmm.vlm
+from specmm.core.target import FEATURES, as_target
+from specmm.vlm import METHODS, VisionDrafter
+from tests.conftest import one_torch_thread, report_acceptance
+from tests.vlm.test_targets import IMAGE, MAX_NEW, PAD, VOCAB, _TEXT, _finish, _pick_eos
+
+IMAGES_PER_ROW = [1, 2, 1]  # row 1 is a multi-image prompt
+TEXT = [(3, 0, 4), (1, 2, 3), (6, 0, 2)]  # text tokens before, between and after each row's images
+_SIGLIP = dict(image_size=32, patch_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+               num_attention_heads=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with one_torch_thread():
+        yield
+
+
+def family_prompts(tokens: list[list[int]], image: int = IMAGE, seed: int = 1, wrap: tuple[int, int] | None = None):
+    """Left-padded rows `text, image, [text, image,] text`; tokens[b] lists the image tokens of row b's images,
+    each span optionally wrapped in (start, end) marker tokens -> (input_ids [B, L], attention_mask [B, L])."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for (before, between, after), images in zip(TEXT, tokens):
+        text = torch.randint(1, 80, (before + between + after,), generator=gen)
+        pieces, cut = [text[:before]], [text[before:before + between], text[before + between:]]
+        for i, n in enumerate(images):
+            span = torch.full((n,), image)
+            if wrap is not None:
+                span = torch.cat([torch.tensor([wrap[0]]), span, torch.tensor([wrap[1]])])
+            pieces += [span, cut[i] if i + 1 < len(images) else cut[1]]
+        rows.append(torch.cat(pieces))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return ids, mask
+
+
+def tiny_gemma3(seed: int = 0) -> Gemma3ForConditionalGeneration:
+    text = Gemma3TextConfig(**{k: v for k, v in _TEXT.items() if k != "bos_token_id"}, head_dim=8,
+                            sliding_window=12, layer_types=["sliding_attention", "full_attention"],
+                            query_pre_attn_scalar=8, bos_token_id=None)
+    config = Gemma3Config(text_config=text, vision_config=SiglipVisionConfig(**_SIGLIP), mm_tokens_per_image=4,
+                          image_token_index=IMAGE, boi_token_index=93, eoi_token_index=94)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish(Gemma3ForConditionalGeneration(config), seed)
+
+
+def gemma3_inputs(model) -> dict:
+    gen = torch.Generator().manual_seed(2)
+    ids, mask = family_prompts([[4] * n for n in IMAGES_PER_ROW], wrap=(93, 94))
+    pixels = torch.randn(sum(IMAGES_PER_ROW), 3, 32, 32, generator=gen, dtype=torch.float64)
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, token_type_ids=(ids == IMAGE).long())
+
+
+FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs)}
+SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
+
+
+@functools.cache
+def setup(family: str):
+    """(model, inputs, eos, reference sequences of the stock model's greedy generate)."""
+    build, make_inputs = FAMILIES[family]
+    model = build()
+    inputs = make_inputs(model)
+    free = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    eos = _pick_eos(free[:, inputs["input_ids"].shape[1]:])
+    reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos,
+                               pad_token_id=PAD)
+    return model, inputs, eos, reference
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_equal_stock_generate(family, method):
+    model, inputs, eos, reference = setup(family)
+    torch.manual_seed(0)
+    drafter = VisionDrafter.for_target(model, method=method, **({"num_latents": 2} if method == "flash" else {}))
+    out = specmm.SpeculativeGenerator(model, drafter, tree=SPEC).generate(
+        **inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
+    report_acceptance(f"vlm/{family}/{method}", out.stats)
+    assert torch.equal(out.sequences, reference)
+    assert drafter.image_tokens == int((inputs["input_ids"] == model.config.image_token_id).sum())
+    if method == "vispec":  # one compressed token per image span
+        assert drafter.visual_tokens_seen == sum(IMAGES_PER_ROW)
+    elif method in ("dream", "flash"):  # pruned / pooled image spans
+        assert drafter.visual_tokens_seen < drafter.image_tokens
+    stopped = [(row[inputs["input_ids"].shape[1]:] == eos).any().item() for row in reference]
+    assert any(stopped) and not all(stopped), "EOS must end some rows and not others"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prefill_features_equal_stock_forward(family):
+    """The prompt prefill (mask and positions) gives the stock forward's last hidden states at every prompt token."""
+    model, inputs, _, _ = setup(family)
+    target = as_target(model)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    target.start(ids.shape[0], needs=frozenset({FEATURES}))
+    try:
+        out = target.prefill(ids[:, :-1], mask[:, :-1], **extra)
+    finally:
+        target.close()
+    with torch.no_grad():
+        stock = model.model(**inputs).last_hidden_state[:, :-1]
+    valid = mask[:, :-1].bool()
+    torch.testing.assert_close(out.features[valid], stock[valid], atol=1e-6, rtol=0)
+    if family == "gemma3":  # the check can fail: a causal image prefill gives other features
+        with torch.no_grad():
+            causal = model.model(**{k: v for k, v in inputs.items() if k != "token_type_ids"}).last_hidden_state
+        assert (causal[:, :-1][valid] - stock[valid]).abs().max() > 1e-3
