@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import Gemma3ForConditionalGeneration
+from transformers import Gemma3ForConditionalGeneration, Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
 from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
 
 from specmm.vlm.targets import SUPPORTED, VLMTarget
@@ -48,7 +48,44 @@ class Gemma3Target(VLMTarget):
         runner.keep_chain(valid.sum(1))
 
 
+class Idefics3Target(VLMTarget):
+    """`Idefics3ForConditionalGeneration` and `SmolVLMForConditionalGeneration`: pixel values per prompt row
+    ([B, images, C, H, W], all-zero images are padding), each real image (or image tile) filling `image_seq_len`
+    pixel-shuffled tokens; plain 1-D positions."""
+
+    model_input_names = ("pixel_values", "pixel_attention_mask")
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.model.text_model
+
+    def _check_shapes(self, model_inputs: dict) -> None:
+        pixels, pixel_mask = model_inputs.get("pixel_values"), model_inputs.get("pixel_attention_mask")
+        if pixels is None:
+            if pixel_mask is not None:
+                raise ValueError("pixel_attention_mask: given without pixel_values")
+            return
+        if pixels.dim() != 5:
+            raise ValueError(f"pixel_values: expected [prompts, images, channels, height, width] as the Idefics3 / "
+                             f"SmolVLM processor returns them, got shape {tuple(pixels.shape)}")
+        if pixel_mask is not None and pixel_mask.shape != (*pixels.shape[:2], *pixels.shape[3:]):
+            raise ValueError(f"pixel_attention_mask: shape {tuple(pixel_mask.shape)} does not match pixel_values "
+                             f"{tuple(pixels.shape)} (expected [prompts, images, height, width])")
+
+    def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        pixels = model_inputs.get("pixel_values")
+        if pixels is not None and pixels.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"pixel_values: {pixels.shape[0]} prompt rows but input_ids has {input_ids.shape[0]}")
+        super().check_images(input_ids, attention_mask, model_inputs)
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        real = model_inputs["pixel_values"].flatten(2).ne(0).any(-1)  # [B, images] not a padding image
+        return [int(self.model.model.image_seq_len)] * int(real.sum())
+
+
 FAMILY_TARGETS: dict[type, type[VLMTarget]] = {
     Gemma3ForConditionalGeneration: Gemma3Target,
+    Idefics3ForConditionalGeneration: Idefics3Target,
+    SmolVLMForConditionalGeneration: Idefics3Target,
 }
 SUPPORTED.update(FAMILY_TARGETS)

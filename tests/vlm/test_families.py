@@ -7,7 +7,19 @@ import functools
 
 import pytest
 import torch
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    Idefics3VisionConfig,
+    LlamaConfig,
+    SiglipVisionConfig,
+    SmolVLMConfig,
+    SmolVLMForConditionalGeneration,
+    SmolVLMVisionConfig,
+)
 
 import specmm
 import specmm.vlm
@@ -50,6 +62,15 @@ def family_prompts(tokens: list[list[int]], image: int = IMAGE, seed: int = 1, w
     return ids, mask
 
 
+def _finish_decoder(model, seed: int):
+    """`_finish` for models whose decoder is not `model.model.language_model`."""
+    model.model.language_model = model.get_decoder()
+    try:
+        return _finish(model, seed)
+    finally:
+        del model.model.language_model
+
+
 def tiny_gemma3(seed: int = 0) -> Gemma3ForConditionalGeneration:
     text = Gemma3TextConfig(**{k: v for k, v in _TEXT.items() if k != "bos_token_id"}, head_dim=8,
                             sliding_window=12, layer_types=["sliding_attention", "full_attention"],
@@ -68,7 +89,32 @@ def gemma3_inputs(model) -> dict:
     return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, token_type_ids=(ids == IMAGE).long())
 
 
-FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs)}
+def tiny_idefics3(seed: int = 0, smolvlm: bool = False):
+    """Idefics3 (or SmolVLM): 4x4 patches pixel-shuffled (scale 2) into 4 image tokens per image."""
+    config_cls, vision_cls, model_cls = ((SmolVLMConfig, SmolVLMVisionConfig, SmolVLMForConditionalGeneration)
+                                         if smolvlm else
+                                         (Idefics3Config, Idefics3VisionConfig, Idefics3ForConditionalGeneration))
+    config = config_cls(vision_config=vision_cls(**_SIGLIP), text_config=LlamaConfig(**_TEXT).to_dict(),
+                        scale_factor=2, image_token_id=IMAGE)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish_decoder(model_cls(config), seed)
+
+
+def idefics3_inputs(model) -> dict:
+    """Per-row pixel values [3, 2, C, H, W]: rows with one image carry an all-zero padding image."""
+    gen = torch.Generator().manual_seed(2)
+    ids, mask = family_prompts([[4] * n for n in IMAGES_PER_ROW], wrap=(93, 94))
+    pixels = torch.randn(3, 2, 3, 32, 32, generator=gen, dtype=torch.float64)
+    pixel_mask = torch.ones(3, 2, 32, 32, dtype=torch.long)
+    for row, n in enumerate(IMAGES_PER_ROW):
+        pixels[row, n:], pixel_mask[row, n:] = 0, 0
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, pixel_attention_mask=pixel_mask)
+
+
+FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs),
+            "idefics3": (tiny_idefics3, idefics3_inputs),
+            "smolvlm": (functools.partial(tiny_idefics3, smolvlm=True), idefics3_inputs)}
 SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
 
 
