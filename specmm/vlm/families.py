@@ -6,14 +6,21 @@ and says only what differs: its inputs, image-token counts, prompt mask and posi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import Gemma3ForConditionalGeneration, Idefics3ForConditionalGeneration, SmolVLMForConditionalGeneration
+from transformers import (
+    Gemma3ForConditionalGeneration,
+    Idefics3ForConditionalGeneration,
+    LlavaOnevisionForConditionalGeneration,
+    SmolVLMForConditionalGeneration,
+)
 from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-from specmm.vlm.targets import SUPPORTED, VLMTarget
+from specmm.vlm.targets import SUPPORTED, LlavaTarget, VLMTarget
 
 
 class Gemma3Target(VLMTarget):
@@ -83,7 +90,38 @@ class Idefics3Target(VLMTarget):
         return [int(self.model.model.image_seq_len)] * int(real.sum())
 
 
+class LlavaOnevisionTarget(LlavaTarget):
+    """`LlavaOnevisionForConditionalGeneration` (images): anyres tiles for a prompt's only image, one tile per
+    image of a multi-image prompt (`batch_num_images`), unpadded grids shrunk to `anyres_max_N` tiles."""
+
+    model_input_names = ("pixel_values", "image_sizes", "batch_num_images")
+
+    def __init__(self, model: nn.Module):
+        VLMTarget.__init__(self, model)
+        self.anyres = True
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        sizes = model_inputs["image_sizes"].tolist()
+        per_prompt = model_inputs.get("batch_num_images")
+        tiled = [True] * len(sizes) if per_prompt is None else [n == 1 for n in per_prompt.tolist() for _ in range(n)]
+        if len(tiled) != len(sizes):
+            raise ValueError(f"batch_num_images: counts {len(tiled)} images but image_sizes has {len(sizes)} rows")
+        side = self.model.config.vision_config.image_size // self.model.config.vision_config.patch_size
+        return [self._onevision_tokens(size, side) if tile else side * side + 1 for size, tile in zip(sizes, tiled)]
+
+    def _onevision_tokens(self, size: list[int], side: int) -> int:
+        """Base tile + the unpadded grid (bilinearly shrunk past `anyres_max_N` tiles) with a newline per row."""
+        config = self.model.config
+        rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
+        _, height, width = unpad_image(torch.empty(0, rows * side, cols * side), size).shape
+        ratio = math.sqrt(height * width / (int(config.vision_aspect_ratio.strip("anyres_max_")) * side**2))
+        if ratio > 1.1:
+            height, width = int(height // ratio), int(width // ratio)
+        return side * side + height * (width + 1)
+
+
 FAMILY_TARGETS: dict[type, type[VLMTarget]] = {
+    LlavaOnevisionForConditionalGeneration: LlavaOnevisionTarget,
     Gemma3ForConditionalGeneration: Gemma3Target,
     Idefics3ForConditionalGeneration: Idefics3Target,
     SmolVLMForConditionalGeneration: Idefics3Target,

@@ -14,7 +14,10 @@ from transformers import (
     Idefics3Config,
     Idefics3ForConditionalGeneration,
     Idefics3VisionConfig,
+    CLIPVisionConfig,
     LlamaConfig,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
     SiglipVisionConfig,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
@@ -26,7 +29,7 @@ import specmm.vlm
 from specmm.core.target import FEATURES, as_target
 from specmm.vlm import METHODS, VisionDrafter
 from tests.conftest import one_torch_thread, report_acceptance
-from tests.vlm.test_targets import IMAGE, MAX_NEW, PAD, VOCAB, _TEXT, _finish, _pick_eos
+from tests.vlm.test_targets import _CLIP, _TEXT, IMAGE, MAX_NEW, PAD, _finish, _pick_eos
 
 IMAGES_PER_ROW = [1, 2, 1]  # row 1 is a multi-image prompt
 TEXT = [(3, 0, 4), (1, 2, 3), (6, 0, 2)]  # text tokens before, between and after each row's images
@@ -112,9 +115,35 @@ def idefics3_inputs(model) -> dict:
     return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, pixel_attention_mask=pixel_mask)
 
 
+def tiny_llava_onevision(seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
+    """anyres_max_1: a tiled image's unpadded grid is shrunk bilinearly past one tile's worth of tokens."""
+    config = LlavaOnevisionConfig(vision_config=CLIPVisionConfig(**_CLIP), text_config=LlamaConfig(**_TEXT),
+                                  image_token_id=IMAGE, vision_feature_layer=-1, vision_aspect_ratio="anyres_max_1",
+                                  vision_feature_select_strategy="default",
+                                  image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish(LlavaOnevisionForConditionalGeneration(config), seed)
+
+
+def llava_onevision_inputs(model) -> dict:
+    """Tiled single images (wide and tall) and a two-image prompt whose images get one tile each."""
+    gen = torch.Generator().manual_seed(2)
+    sizes = torch.tensor([[20, 50], [40, 30], [32, 32], [60, 30]])
+    pixels = torch.randn(4, 3, 3, 32, 32, generator=gen, dtype=torch.float64)
+    per_prompt = torch.tensor(IMAGES_PER_ROW)
+    with torch.no_grad():  # the stock model tells how many tokens each image fills
+        features = model.model.get_image_features(pixels, sizes, batch_num_images=per_prompt).pooler_output
+    counts = iter([f.shape[0] for f in features])
+    ids, mask = family_prompts([[next(counts) for _ in range(n)] for n in IMAGES_PER_ROW])
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_sizes=sizes,
+                batch_num_images=per_prompt)
+
+
 FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs),
             "idefics3": (tiny_idefics3, idefics3_inputs),
-            "smolvlm": (functools.partial(tiny_idefics3, smolvlm=True), idefics3_inputs)}
+            "smolvlm": (functools.partial(tiny_idefics3, smolvlm=True), idefics3_inputs),
+            "llava_onevision": (tiny_llava_onevision, llava_onevision_inputs)}
 SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
 
 
