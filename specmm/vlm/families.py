@@ -15,12 +15,14 @@ from transformers import (
     Gemma3ForConditionalGeneration,
     Idefics3ForConditionalGeneration,
     LlavaOnevisionForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
     SmolVLMForConditionalGeneration,
 )
 from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-from specmm.vlm.targets import SUPPORTED, LlavaTarget, VLMTarget
+from specmm.vlm.targets import SUPPORTED, LlavaTarget, Qwen2_5_VLTarget, VLMTarget
 
 
 class Gemma3Target(VLMTarget):
@@ -121,6 +123,8 @@ class LlavaOnevisionTarget(LlavaTarget):
 
 
 FAMILY_TARGETS: dict[type, type[VLMTarget]] = {
+    Qwen2VLForConditionalGeneration: Qwen2_5_VLTarget,
+    Qwen3VLForConditionalGeneration: Qwen2_5_VLTarget,  # interleaved M-RoPE, DeepStack: see Qwen2_5_VLTarget
     LlavaOnevisionForConditionalGeneration: LlavaOnevisionTarget,
     Gemma3ForConditionalGeneration: Gemma3Target,
     Idefics3ForConditionalGeneration: Idefics3Target,

@@ -314,11 +314,17 @@ class LlavaTarget(VLMTarget):
 
 
 class Qwen2_5_VLTarget(VLMTarget):
-    """`Qwen2_5_VLForConditionalGeneration` (images): M-RoPE positions from the model's own `get_rope_index`,
-    one `rope_delta` per row ([B, 1]) shifting every later position on all three axes."""
+    """`Qwen2_5_VLForConditionalGeneration`, and Qwen2-VL / Qwen3-VL (images): M-RoPE positions from the model's
+    own `get_rope_index`, one `rope_delta` per row ([B, 1]) shifting every later position on all three axes.
+    Qwen3-VL's interleaved M-RoPE (in its rotary embedding) and DeepStack features (added inside the prefill
+    forward at the image positions) need nothing more: later tokens are text."""
 
     model_input_names = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
     token_types_name = "mm_token_type_ids"
+
+    @property
+    def family(self) -> str:
+        return type(self.model).__name__.removesuffix("ForConditionalGeneration")
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         super().start(batch, needs)
@@ -332,16 +338,16 @@ class Qwen2_5_VLTarget(VLMTarget):
             return
         if pixels.dim() != 2:
             raise ValueError(f"pixel_values: expected flattened patches [patches, channels * patch volume] as the "
-                             f"Qwen2.5-VL processor returns them, got shape {tuple(pixels.shape)}")
+                             f"{self.family} processor returns them, got shape {tuple(pixels.shape)}")
         if grid is None:
-            raise ValueError("image_grid_thw: required with pixel_values for Qwen2.5-VL (the processor returns it)")
+            raise ValueError(f"image_grid_thw: required with pixel_values for {self.family} (the processor returns it)")
         if grid.dim() != 2 or grid.shape[1] != 3:
             raise ValueError(f"image_grid_thw: expected [images, 3] (t, h, w), got shape {tuple(grid.shape)}")
         if int(grid.prod(-1).sum()) != pixels.shape[0]:
             raise ValueError(f"pixel_values: {pixels.shape[0]} patches but image_grid_thw describes "
                              f"{int(grid.prod(-1).sum())}")
         if model_inputs.get("mm_token_type_ids") is None:
-            raise ValueError("mm_token_type_ids: required with pixel_values for Qwen2.5-VL M-RoPE positions (the "
+            raise ValueError(f"mm_token_type_ids: required with pixel_values for {self.family} M-RoPE positions (the "
                              "processor returns it)")
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:

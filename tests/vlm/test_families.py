@@ -18,6 +18,10 @@ from transformers import (
     LlamaConfig,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
     SiglipVisionConfig,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
@@ -140,10 +144,47 @@ def llava_onevision_inputs(model) -> dict:
                 batch_num_images=per_prompt)
 
 
+_MROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}
+_QWEN_IDS = dict(image_token_id=IMAGE, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
+
+
+def tiny_qwen2_vl(seed: int = 0) -> Qwen2VLForConditionalGeneration:
+    vision = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2)
+    config = Qwen2VLConfig(text_config=dict(_TEXT, rope_parameters=_MROPE), vision_config=vision, **_QWEN_IDS)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish(Qwen2VLForConditionalGeneration(config), seed)
+
+
+def tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
+    """Interleaved M-RoPE; DeepStack features from both vision blocks added after the first two decoder layers."""
+    text = dict(_TEXT, head_dim=8, rope_parameters=dict(_MROPE, mrope_interleaved=True))
+    vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **_QWEN_IDS)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish(Qwen3VLForConditionalGeneration(config), seed)
+
+
+def qwen_vl_inputs(model) -> dict:
+    """Non-square grids (per-row rope deltas differ); row 1 holds two images."""
+    gen = torch.Generator().manual_seed(2)
+    grid = torch.tensor([[1, 4, 6], [1, 6, 2], [1, 2, 4], [1, 4, 4]])
+    counts = iter((grid.prod(-1) // 4).tolist())
+    ids, mask = family_prompts([[next(counts) for _ in range(n)] for n in IMAGES_PER_ROW], wrap=(92, 93))
+    pixels = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=gen, dtype=torch.float64)
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grid,
+                mm_token_type_ids=(ids == IMAGE).int())
+
+
 FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs),
             "idefics3": (tiny_idefics3, idefics3_inputs),
             "smolvlm": (functools.partial(tiny_idefics3, smolvlm=True), idefics3_inputs),
-            "llava_onevision": (tiny_llava_onevision, llava_onevision_inputs)}
+            "llava_onevision": (tiny_llava_onevision, llava_onevision_inputs),
+            "qwen2_vl": (tiny_qwen2_vl, qwen_vl_inputs),
+            "qwen3_vl": (tiny_qwen3_vl, qwen_vl_inputs)}
 SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
 
 
