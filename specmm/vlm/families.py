@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from transformers import (
     Gemma3ForConditionalGeneration,
     Idefics3ForConditionalGeneration,
+    InternVLForConditionalGeneration,
     LlavaOnevisionForConditionalGeneration,
     Qwen2VLForConditionalGeneration,
     Qwen3VLForConditionalGeneration,
@@ -122,12 +123,28 @@ class LlavaOnevisionTarget(LlavaTarget):
         return side * side + height * (width + 1)
 
 
+class InternVLTarget(VLMTarget):
+    """`InternVLForConditionalGeneration`: pixel values are image tiles ([tiles, C, H, W]; the processor puts
+    one image's tiles in one span), each tile filling (side * downsample_ratio)^2 pixel-shuffled tokens."""
+
+    def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
+        config = self.model.config
+        if config.vision_feature_select_strategy != "default":
+            return None
+        size, patch = config.vision_config.image_size, config.vision_config.patch_size
+        size, patch = (size[0] if isinstance(size, (list, tuple)) else size), (
+            patch[0] if isinstance(patch, (list, tuple)) else patch)
+        side = int(size // patch * config.downsample_ratio)
+        return [side * side] * model_inputs["pixel_values"].shape[0]
+
+
 FAMILY_TARGETS: dict[type, type[VLMTarget]] = {
-    Qwen2VLForConditionalGeneration: Qwen2_5_VLTarget,
-    Qwen3VLForConditionalGeneration: Qwen2_5_VLTarget,  # interleaved M-RoPE, DeepStack: see Qwen2_5_VLTarget
-    LlavaOnevisionForConditionalGeneration: LlavaOnevisionTarget,
     Gemma3ForConditionalGeneration: Gemma3Target,
     Idefics3ForConditionalGeneration: Idefics3Target,
     SmolVLMForConditionalGeneration: Idefics3Target,
+    LlavaOnevisionForConditionalGeneration: LlavaOnevisionTarget,
+    Qwen2VLForConditionalGeneration: Qwen2_5_VLTarget,
+    Qwen3VLForConditionalGeneration: Qwen2_5_VLTarget,  # interleaved M-RoPE, DeepStack: see Qwen2_5_VLTarget
+    InternVLForConditionalGeneration: InternVLTarget,
 }
 SUPPORTED.update(FAMILY_TARGETS)

@@ -15,6 +15,9 @@ from transformers import (
     Idefics3ForConditionalGeneration,
     Idefics3VisionConfig,
     CLIPVisionConfig,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    InternVLVisionConfig,
     LlamaConfig,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
@@ -179,12 +182,32 @@ def qwen_vl_inputs(model) -> dict:
                 mm_token_type_ids=(ids == IMAGE).int())
 
 
+def tiny_internvl(seed: int = 0) -> InternVLForConditionalGeneration:
+    """4x4 patches per tile, pixel-shuffled (ratio 0.5) into 4 image tokens; a Qwen2 decoder."""
+    vision = InternVLVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=32, patch_size=8)
+    config = InternVLConfig(vision_config=vision, text_config=dict(_TEXT, model_type="qwen2"), image_token_id=IMAGE,
+                            image_seq_length=4, downsample_ratio=0.5)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return _finish(InternVLForConditionalGeneration(config), seed)
+
+
+def internvl_inputs(model) -> dict:
+    """Row 0's image has two tiles (one span of 8 tokens); row 1 holds two one-tile images."""
+    gen = torch.Generator().manual_seed(2)
+    ids, mask = family_prompts([[8], [4, 4], [4]], wrap=(92, 93))
+    pixels = torch.randn(5, 3, 32, 32, generator=gen, dtype=torch.float64)
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+
+
 FAMILIES = {"gemma3": (tiny_gemma3, gemma3_inputs),
             "idefics3": (tiny_idefics3, idefics3_inputs),
             "smolvlm": (functools.partial(tiny_idefics3, smolvlm=True), idefics3_inputs),
             "llava_onevision": (tiny_llava_onevision, llava_onevision_inputs),
             "qwen2_vl": (tiny_qwen2_vl, qwen_vl_inputs),
-            "qwen3_vl": (tiny_qwen3_vl, qwen_vl_inputs)}
+            "qwen3_vl": (tiny_qwen3_vl, qwen_vl_inputs),
+            "internvl": (tiny_internvl, internvl_inputs)}
 SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
 
 
