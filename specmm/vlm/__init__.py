@@ -1,4 +1,5 @@
-"""VLM targets (LLaVA, LLaVA-NeXT, Qwen2.5-VL) and the captioning pipeline; importing registers the targets."""
+"""VLM targets (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3, SmolVLM,
+InternVL) and the captioning pipeline; importing registers the targets."""
 
 from specmm.vlm.targets import LlavaTarget, Qwen2_5_VLTarget, VLMTarget, is_vision_language_model, vlm_target
 from specmm.vlm.families import Gemma3Target, Idefics3Target, InternVLTarget, LlavaOnevisionTarget

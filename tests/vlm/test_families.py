@@ -36,7 +36,7 @@ import specmm.vlm
 from specmm.core.target import FEATURES, as_target
 from specmm.vlm import METHODS, VisionDrafter
 from tests.conftest import one_torch_thread, report_acceptance
-from tests.vlm.test_targets import _CLIP, _TEXT, IMAGE, MAX_NEW, PAD, _finish, _pick_eos
+from tests.vlm.test_targets import _CLIP, _TEXT, IMAGE, MAX_NEW, PAD, VOCAB, _finish, _pick_eos
 
 IMAGES_PER_ROW = [1, 2, 1]  # row 1 is a multi-image prompt
 TEXT = [(3, 0, 4), (1, 2, 3), (6, 0, 2)]  # text tokens before, between and after each row's images
@@ -72,6 +72,10 @@ def family_prompts(tokens: list[list[int]], image: int = IMAGE, seed: int = 1, w
     return ids, mask
 
 
+def _text(vocab: int) -> dict:
+    return dict(_TEXT, vocab_size=vocab)
+
+
 def _finish_decoder(model, seed: int):
     """`_finish` for models whose decoder is not `model.model.language_model`."""
     model.model.language_model = model.get_decoder()
@@ -81,12 +85,13 @@ def _finish_decoder(model, seed: int):
         del model.model.language_model
 
 
-def tiny_gemma3(seed: int = 0) -> Gemma3ForConditionalGeneration:
-    text = Gemma3TextConfig(**{k: v for k, v in _TEXT.items() if k != "bos_token_id"}, head_dim=8,
+def tiny_gemma3(seed: int = 0, vocab: int = VOCAB, image: int = IMAGE, boi: int = 93, eoi: int = 94
+                ) -> Gemma3ForConditionalGeneration:
+    text = Gemma3TextConfig(**{k: v for k, v in _text(vocab).items() if k != "bos_token_id"}, head_dim=8,
                             sliding_window=12, layer_types=["sliding_attention", "full_attention"],
                             query_pre_attn_scalar=8, bos_token_id=None)
     config = Gemma3Config(text_config=text, vision_config=SiglipVisionConfig(**_SIGLIP), mm_tokens_per_image=4,
-                          image_token_index=IMAGE, boi_token_index=93, eoi_token_index=94)
+                          image_token_index=image, boi_token_index=boi, eoi_token_index=eoi)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return _finish(Gemma3ForConditionalGeneration(config), seed)
@@ -99,13 +104,13 @@ def gemma3_inputs(model) -> dict:
     return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, token_type_ids=(ids == IMAGE).long())
 
 
-def tiny_idefics3(seed: int = 0, smolvlm: bool = False):
+def tiny_idefics3(seed: int = 0, smolvlm: bool = False, vocab: int = VOCAB, image: int = IMAGE):
     """Idefics3 (or SmolVLM): 4x4 patches pixel-shuffled (scale 2) into 4 image tokens per image."""
     config_cls, vision_cls, model_cls = ((SmolVLMConfig, SmolVLMVisionConfig, SmolVLMForConditionalGeneration)
                                          if smolvlm else
                                          (Idefics3Config, Idefics3VisionConfig, Idefics3ForConditionalGeneration))
-    config = config_cls(vision_config=vision_cls(**_SIGLIP), text_config=LlamaConfig(**_TEXT).to_dict(),
-                        scale_factor=2, image_token_id=IMAGE)
+    config = config_cls(vision_config=vision_cls(**_SIGLIP), text_config=LlamaConfig(**_text(vocab)).to_dict(),
+                        scale_factor=2, image_token_id=image)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return _finish_decoder(model_cls(config), seed)
@@ -122,10 +127,11 @@ def idefics3_inputs(model) -> dict:
     return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, pixel_attention_mask=pixel_mask)
 
 
-def tiny_llava_onevision(seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
+def tiny_llava_onevision(seed: int = 0, vocab: int = VOCAB, image: int = IMAGE
+                         ) -> LlavaOnevisionForConditionalGeneration:
     """anyres_max_1: a tiled image's unpadded grid is shrunk bilinearly past one tile's worth of tokens."""
-    config = LlavaOnevisionConfig(vision_config=CLIPVisionConfig(**_CLIP), text_config=LlamaConfig(**_TEXT),
-                                  image_token_id=IMAGE, vision_feature_layer=-1, vision_aspect_ratio="anyres_max_1",
+    config = LlavaOnevisionConfig(vision_config=CLIPVisionConfig(**_CLIP), text_config=LlamaConfig(**_text(vocab)),
+                                  image_token_id=image, vision_feature_layer=-1, vision_aspect_ratio="anyres_max_1",
                                   vision_feature_select_strategy="default",
                                   image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]])
     config._attn_implementation = "sdpa"
@@ -151,21 +157,23 @@ _MROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 1000
 _QWEN_IDS = dict(image_token_id=IMAGE, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
 
 
-def tiny_qwen2_vl(seed: int = 0) -> Qwen2VLForConditionalGeneration:
+def tiny_qwen2_vl(seed: int = 0, vocab: int = VOCAB, **ids) -> Qwen2VLForConditionalGeneration:
     vision = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4, spatial_merge_size=2,
                   temporal_patch_size=2)
-    config = Qwen2VLConfig(text_config=dict(_TEXT, rope_parameters=_MROPE), vision_config=vision, **_QWEN_IDS)
+    config = Qwen2VLConfig(text_config=dict(_text(vocab), rope_parameters=_MROPE), vision_config=vision,
+                           **{**_QWEN_IDS, **ids})
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return _finish(Qwen2VLForConditionalGeneration(config), seed)
 
 
-def tiny_qwen3_vl(seed: int = 0) -> Qwen3VLForConditionalGeneration:
+def tiny_qwen3_vl(seed: int = 0, vocab: int = VOCAB, **ids) -> Qwen3VLForConditionalGeneration:
     """Interleaved M-RoPE; DeepStack features from both vision blocks added after the first two decoder layers."""
-    text = dict(_TEXT, head_dim=8, rope_parameters=dict(_MROPE, mrope_interleaved=True))
+    text = dict(_text(vocab), head_dim=8, rope_parameters=dict(_MROPE, mrope_interleaved=True))
     vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, **_QWEN_IDS)
+                  temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0, 1])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **{**_QWEN_IDS, **ids})
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return _finish(Qwen3VLForConditionalGeneration(config), seed)
@@ -182,12 +190,12 @@ def qwen_vl_inputs(model) -> dict:
                 mm_token_type_ids=(ids == IMAGE).int())
 
 
-def tiny_internvl(seed: int = 0) -> InternVLForConditionalGeneration:
+def tiny_internvl(seed: int = 0, vocab: int = VOCAB, image: int = IMAGE) -> InternVLForConditionalGeneration:
     """4x4 patches per tile, pixel-shuffled (ratio 0.5) into 4 image tokens; a Qwen2 decoder."""
     vision = InternVLVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                   image_size=32, patch_size=8)
-    config = InternVLConfig(vision_config=vision, text_config=dict(_TEXT, model_type="qwen2"), image_token_id=IMAGE,
-                            image_seq_length=4, downsample_ratio=0.5)
+    config = InternVLConfig(vision_config=vision, text_config=dict(_text(vocab), model_type="qwen2"),
+                            image_token_id=image, image_seq_length=4, downsample_ratio=0.5)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return _finish(InternVLForConditionalGeneration(config), seed)
