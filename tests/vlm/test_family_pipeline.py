@@ -116,3 +116,31 @@ def test_pipeline_texts_equal_stock_generate_with_the_family_processor(family):
     result = svlm.generate(images, PROMPTS, max_new_tokens=MAX_NEW)
     assert result.texts == stock_texts(model, processor, images, PROMPTS)
     assert result.stats.new_tokens > 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_train_drafter_and_caption_accept_the_family_folder(family, tmp_path):
+    """The saved folder loads through AutoModelForImageTextToText / AutoProcessor; a vispec drafter trained on
+    it for a step per stage then captions exactly as the loaded model's own greedy generate."""
+    processor = family_processor(family)
+    family_target(family, processor).to(torch.float32).save_pretrained(tmp_path / "target")
+    processor.save_pretrained(tmp_path / "target")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(scene_images(2)):
+        image.save(folder / f"scene{i}.png")
+    data = tmp_path / "captions.jsonl"
+    data.write_text("".join(json.dumps({"image": str(folder / f"scene{i}.png"), "caption": "a red circle"}) + "\n"
+                            for i in range(2)))
+    common = ["--target", str(tmp_path / "target"), "--device", "cpu", "--dtype", "float32"]
+    assert main(["train-drafter", *common, "--data", str(data), "--method", "vispec", "--text-steps", "1",
+                 "--multimodal-steps", "1", "--batch-size", "2", "--out", str(tmp_path / "drafter")]) == 0
+    out = tmp_path / "captions-out.jsonl"
+    assert main(["caption", *common, "--images", str(folder / "*.png"), "--drafter", str(tmp_path / "drafter"),
+                 "--out", str(out), "--batch-size", "2", "--max-new-tokens", str(MAX_NEW),
+                 "--prompt", PROMPTS[0]]) == 0
+    model = hf.AutoModelForImageTextToText.from_pretrained(tmp_path / "target").eval()
+    loaded = hf.AutoProcessor.from_pretrained(tmp_path / "target")
+    expected = stock_texts(model, loaded, scene_images(2), PROMPTS[:1] * 2)
+    assert any(expected), "the captions must say something for the comparison to mean anything"
+    assert [json.loads(line)["caption"] for line in out.read_text().splitlines()] == expected
