@@ -10,8 +10,8 @@ from specmm.vlm.drafter import METHODS, VisionDrafter
 from specmm.vlm.train import DrafterTrainConfig, train_drafter
 
 __all__ = [
-    "METHODS", "AttentionTopK", "Bypass", "DrafterTrainConfig", "Drop", "Gemma3Target", "Idefics3Target", "InternVLTarget", "LlavaOnevisionTarget", "Identity",
-    "LatentQueryPooling", "LearnedQueryPooling", "LlavaTarget", "Qwen2_5_VLTarget", "SpeculativeVLM",
-    "VLMGenerationResult", "VLMTarget", "VisionDrafter", "caption_images", "find_images",
-    "is_vision_language_model", "train_drafter", "vlm_target", "with_image_token",
+    "METHODS", "AttentionTopK", "Bypass", "DrafterTrainConfig", "Drop", "Gemma3Target", "Identity", "Idefics3Target",
+    "InternVLTarget", "LatentQueryPooling", "LearnedQueryPooling", "LlavaOnevisionTarget", "LlavaTarget",
+    "Qwen2_5_VLTarget", "SpeculativeVLM", "VLMGenerationResult", "VLMTarget", "VisionDrafter", "caption_images",
+    "find_images", "is_vision_language_model", "train_drafter", "vlm_target", "with_image_token",
 ]

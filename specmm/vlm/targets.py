@@ -1,4 +1,5 @@
-"""Target adapters for stock HF vision-language models: LLaVA, LLaVA-NeXT and Qwen2.5-VL.
+"""Target adapters for stock HF vision-language models: LLaVA, LLaVA-NeXT and Qwen2.5-VL (Qwen2-VL and Qwen3-VL
+also use `Qwen2_5_VLTarget`; the other families are in `families.py`).
 
 The prompt, image tokens included, is prefilled through the model's own forward, so the vision tower, the
 projector and the embedding merge stay stock code; generated tokens are then verified exactly like a text

@@ -275,3 +275,46 @@ def test_prefill_features_equal_stock_forward(family):
         with torch.no_grad():
             causal = model.model(**{k: v for k, v in inputs.items() if k != "token_type_ids"}).last_hidden_state
         assert (causal[:, :-1][valid] - stock[valid]).abs().max() > 1e-3
+
+
+def _without_last_image(inputs: dict) -> dict:
+    """Idefics3 inputs whose two-image row lost its second image (a padding image instead)."""
+    pixels = inputs["pixel_values"].clone()
+    pixels[1, 1] = 0
+    return dict(inputs, pixel_values=pixels)
+
+
+BAD_INPUTS = {
+    "gemma3/token types": ("gemma3", lambda i: dict(i, token_type_ids=torch.zeros_like(i["token_type_ids"])),
+                           "token_type_ids: does not mark exactly the image tokens"),
+    "gemma3/fewer images": ("gemma3", lambda i: dict(i, pixel_values=i["pixel_values"][:3]),
+                            "pixel_values: 3 images but input_ids hold image tokens for 4"),
+    "idefics3/flat pixels": ("idefics3", lambda i: dict(i, pixel_values=i["pixel_values"][:, 0]),
+                             r"pixel_values: expected \[prompts, images, channels, height, width\]"),
+    "idefics3/rows": ("idefics3", lambda i: dict(i, pixel_values=i["pixel_values"][:2],
+                                                 pixel_attention_mask=i["pixel_attention_mask"][:2]),
+                      "pixel_values: 2 prompt rows but input_ids has 3"),
+    "idefics3/padding image": ("idefics3", _without_last_image, "pixel_values: 3 images but input_ids hold image "
+                                                                "tokens for 4"),
+    "llava_onevision/batch_num_images": ("llava_onevision", lambda i: dict(i, batch_num_images=torch.tensor([1, 1, 1])),
+                                         "batch_num_images: counts 3 images but image_sizes has 4 rows"),
+    "qwen3_vl/video": ("qwen3_vl", lambda i: dict(i, pixel_values_videos=torch.ones(2, 2)),
+                       "pixel_values_videos: not an input of Qwen2_5_VLTarget"),
+    "internvl/fewer tiles": ("internvl", lambda i: dict(i, pixel_values=i["pixel_values"][:4]),
+                             "pixel_values: 4 images but input_ids hold image tokens for 5"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_image_inputs_raise_before_any_forward(case):
+    family, change, message = BAD_INPUTS[case]
+    model, inputs, _, _ = setup(family)
+    calls = [0]
+    hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        gen = specmm.SpeculativeGenerator(model, specmm.drafters.PromptLookupDrafter(), tree=specmm.TreeSpec.chain(2))
+        with pytest.raises(ValueError, match=message):
+            gen.generate(**change(inputs), max_new_tokens=2)
+    finally:
+        hook.remove()
+    assert calls[0] == 0, "the error must come before any forward"
