@@ -34,6 +34,12 @@ class Gemma3Target(VLMTarget):
     model_input_names = ("pixel_values", "token_type_ids")
     token_types_name = "token_type_ids"
 
+    def __init__(self, model: nn.Module):
+        if getattr(model.config.get_text_config(), "use_bidirectional_attention", False):
+            raise ValueError("target: this Gemma 3 attends bidirectionally over every token "
+                             "(use_bidirectional_attention), so it cannot decode autoregressively")
+        super().__init__(model)
+
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         return [int(self.model.config.mm_tokens_per_image)] * model_inputs["pixel_values"].shape[0]
 

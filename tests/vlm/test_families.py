@@ -318,3 +318,14 @@ def test_bad_image_inputs_raise_before_any_forward(case):
     finally:
         hook.remove()
     assert calls[0] == 0, "the error must come before any forward"
+
+
+def test_fully_bidirectional_gemma3_is_refused():
+    model, _, _, _ = setup("gemma3")
+    text = model.config.get_text_config()
+    text.use_bidirectional_attention = True
+    try:
+        with pytest.raises(ValueError, match="use_bidirectional_attention"):
+            as_target(model)
+    finally:
+        text.use_bidirectional_attention = False
