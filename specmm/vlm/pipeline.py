@@ -50,7 +50,8 @@ class SpeculativeVLM:
         target = as_target(target_model)
         if not isinstance(target, VLMTarget):
             raise ValueError(f"target_model: {type(target_model).__name__} is not a vision-language model specmm "
-                             "supports (LLaVA, LLaVA-NeXT, Qwen2.5-VL)")
+                             "supports (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, "
+                             "Idefics3, SmolVLM, InternVL)")
         self.image_token = getattr(processor, "image_token", None)
         if not isinstance(self.image_token, str) or getattr(processor, "tokenizer", None) is None:
             raise ValueError(f"processor: {type(processor).__name__} is not a VLM processor (needs image_token and "
@@ -81,7 +82,9 @@ class SpeculativeVLM:
             raise ValueError(f"prompts: expected a string or {len(images)} strings (one per image), got "
                              f"{len(prompts)} items")
         texts = [with_image_token(p, self.image_token) for p in prompts]
-        inputs = self.processor(images=images, text=texts, return_tensors="pt", padding=True, padding_side="left")
+        # one image per prompt, nested: multi-image processors (Gemma 3, ...) would read a flat list as one prompt's
+        inputs = self.processor(images=[[image] for image in images], text=texts, return_tensors="pt", padding=True,
+                                padding_side="left")
         return dict(inputs)
 
     def generate(self, images: Sequence[Image.Image], prompts: Sequence[str] | str, max_new_tokens: int = 128,

@@ -1,4 +1,5 @@
-"""Target adapters for stock HF vision-language models: LLaVA, LLaVA-NeXT and Qwen2.5-VL.
+"""Target adapters for stock HF vision-language models: LLaVA, LLaVA-NeXT and Qwen2.5-VL (Qwen2-VL and Qwen3-VL
+also use `Qwen2_5_VLTarget`; the other families are in `families.py`).
 
 The prompt, image tokens included, is prefilled through the model's own forward, so the vision tower, the
 projector and the embedding merge stay stock code; generated tokens are then verified exactly like a text
@@ -94,6 +95,7 @@ class VLMTarget(HFCausalLMTarget):
 
     provides = frozenset({FEATURES, INPUTS_EMBEDS, IMAGE_ATTENTION})
     model_input_names: tuple[str, ...] = ("pixel_values",)
+    token_types_name: str | None = None  # per-token type input over the full prompt (1 = image), if the family has one
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -139,11 +141,26 @@ class VLMTarget(HFCausalLMTarget):
 
     def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
         """[B] bool: rows whose last prompt token is an image token, when the inputs tell (else None)."""
-        return None
+        types = model_inputs.get(self.token_types_name) if self.token_types_name else None
+        return None if types is None else types[:, -1] != 0
+
+    def check_token_types(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        """The token-type input (full prompt, [B, L]) must mark exactly the image tokens."""
+        name = self.token_types_name
+        types = model_inputs.get(name) if name else None
+        if types is None:
+            return
+        if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
+            raise ValueError(f"{name}: shape {tuple(types.shape)} does not match input_ids "
+                             f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
+        marked = types[:, :-1].to(input_ids.device) == 1
+        if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
+            raise ValueError(f"{name}: does not mark exactly the image tokens of input_ids")
 
     def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
         """Raise ValueError when images and image tokens disagree. Called by `prefill` before any forward, on
         the prompt minus its last token (the engine verifies that token as the first root, without pixels)."""
+        self.check_token_types(input_ids, attention_mask, model_inputs)
         is_image = (input_ids == self.image_token_id) & attention_mask.bool()  # [B, L-1]
         found = int(is_image.sum())
         last_image = self.last_token_is_image(model_inputs)
@@ -172,8 +189,13 @@ class VLMTarget(HFCausalLMTarget):
     # ------------------------------------------------------------------------------------------ running
 
     def forward_inputs(self, model_inputs: dict) -> dict:
-        """The model inputs passed to the prefill forward, on the target's device."""
-        return {k: v.to(self.device) for k, v in model_inputs.items()}
+        """The model inputs passed to the prefill forward, on the target's device (token types cover the full
+        prompt and only shape masks or positions, which the adapter gives explicitly)."""
+        return {k: v.to(self.device) for k, v in model_inputs.items() if k != self.token_types_name}
+
+    def extend_prompt(self, valid: Tensor, positions: Tensor | None, model_inputs: dict, **inputs: Any) -> None:
+        """Run and commit the prompt prefix (causal attention; Gemma 3 overrides it)."""
+        self.runner.extend(valid, positions=positions, **inputs)
 
     def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
         """Positions of the prefix ([B, L-1], or [3, B, L-1] for M-RoPE); None: continue each row's count."""
@@ -192,7 +214,7 @@ class VLMTarget(HFCausalLMTarget):
         capture = _InputsEmbedsCapture(self.language_model) if INPUTS_EMBEDS in self.needs else None
         attention = _LastLayerAttention(self.language_model) if IMAGE_ATTENTION in self.needs else None
         try:
-            self.runner.extend(valid, positions=positions, input_ids=input_ids, logits_to_keep=1,
+            self.extend_prompt(valid, positions, model_inputs, input_ids=input_ids, logits_to_keep=1,
                                **self.forward_inputs(model_inputs))
             if attention is not None:
                 extras[IMAGE_ATTENTION] = attention.scores()  # [B, L-1]
@@ -293,10 +315,17 @@ class LlavaTarget(VLMTarget):
 
 
 class Qwen2_5_VLTarget(VLMTarget):
-    """`Qwen2_5_VLForConditionalGeneration` (images): M-RoPE positions from the model's own `get_rope_index`,
-    one `rope_delta` per row ([B, 1]) shifting every later position on all three axes."""
+    """`Qwen2_5_VLForConditionalGeneration`, and Qwen2-VL / Qwen3-VL (images): M-RoPE positions from the model's
+    own `get_rope_index`, one `rope_delta` per row ([B, 1]) shifting every later position on all three axes.
+    Qwen3-VL's interleaved M-RoPE (in its rotary embedding) and DeepStack features (added inside the prefill
+    forward at the image positions) need nothing more: later tokens are text."""
 
     model_input_names = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    token_types_name = "mm_token_type_ids"
+
+    @property
+    def family(self) -> str:
+        return type(self.model).__name__.removesuffix("ForConditionalGeneration")
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         super().start(batch, needs)
@@ -310,40 +339,21 @@ class Qwen2_5_VLTarget(VLMTarget):
             return
         if pixels.dim() != 2:
             raise ValueError(f"pixel_values: expected flattened patches [patches, channels * patch volume] as the "
-                             f"Qwen2.5-VL processor returns them, got shape {tuple(pixels.shape)}")
+                             f"{self.family} processor returns them, got shape {tuple(pixels.shape)}")
         if grid is None:
-            raise ValueError("image_grid_thw: required with pixel_values for Qwen2.5-VL (the processor returns it)")
+            raise ValueError(f"image_grid_thw: required with pixel_values for {self.family} (the processor returns it)")
         if grid.dim() != 2 or grid.shape[1] != 3:
             raise ValueError(f"image_grid_thw: expected [images, 3] (t, h, w), got shape {tuple(grid.shape)}")
         if int(grid.prod(-1).sum()) != pixels.shape[0]:
             raise ValueError(f"pixel_values: {pixels.shape[0]} patches but image_grid_thw describes "
                              f"{int(grid.prod(-1).sum())}")
         if model_inputs.get("mm_token_type_ids") is None:
-            raise ValueError("mm_token_type_ids: required with pixel_values for Qwen2.5-VL M-RoPE positions (the "
+            raise ValueError(f"mm_token_type_ids: required with pixel_values for {self.family} M-RoPE positions (the "
                              "processor returns it)")
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         merge = self.model.config.vision_config.spatial_merge_size
         return (model_inputs["image_grid_thw"].prod(-1) // merge**2).tolist()
-
-    def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
-        types = model_inputs.get("mm_token_type_ids")
-        return None if types is None else types[:, -1] != 0
-
-    def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
-        types = model_inputs.get("mm_token_type_ids")
-        if types is not None:
-            if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
-                raise ValueError(f"mm_token_type_ids: shape {tuple(types.shape)} does not match input_ids "
-                                 f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
-            marked = types[:, :-1].to(input_ids.device) == 1
-            if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
-                raise ValueError("mm_token_type_ids: does not mark exactly the image tokens of input_ids")
-        super().check_images(input_ids, attention_mask, model_inputs)
-
-    def forward_inputs(self, model_inputs: dict) -> dict:
-        # positions are given explicitly, so the model never needs the token types (which cover the full prompt)
-        return {k: v.to(self.device) for k, v in model_inputs.items() if k != "mm_token_type_ids"}
 
     def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
         """[3, B, L-1] M-RoPE positions of the prefix, computed on the full prompt (its last token is text);

@@ -271,7 +271,8 @@ def jsonl_batches(path, processor, prompt: str, batch_size: int) -> Callable[[in
         chosen = [records[(step * batch_size + i) % len(records)] for i in range(batch_size)]
         images = [Image.open(r["image"]).convert("RGB") for r in chosen]
         processor.tokenizer.padding_side = "left"
-        enc = processor(images=images, text=[f"{text_prompt}\n{r['caption']}{eos}" for r in chosen],
+        texts = [f"{text_prompt}\n{r['caption']}{eos}" for r in chosen]
+        enc = processor(images=[[image] for image in images], text=texts,  # nested: one image per prompt
                         return_tensors="pt", padding=True)
         return dict(enc)
 

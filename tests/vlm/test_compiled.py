@@ -1,5 +1,6 @@
-"""Compiled mode on VLM targets: LLaVA and Qwen2.5-VL (M-RoPE) with the vispec and eagle drafters give the
-stock `generate` tokens. Graphs are captured with the aot_eager backend (see tests/core/test_compiled.py)."""
+"""Compiled mode on VLM targets: LLaVA, Qwen2.5-VL (M-RoPE) and Gemma 3 (bidirectional image blocks) with the
+vispec and eagle drafters give the stock `generate` tokens. Graphs are captured with the aot_eager backend (see
+tests/core/test_compiled.py)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,15 @@ def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch
     assert isinstance(gen.target.runner.cache, StaticRowCache) and isinstance(gen.drafter.runner.cache, StaticRowCache)
     assert roots.shape[0] == inputs["input_ids"].shape[0]
     gen.end()
+
+
+def test_compiled_gemma3_bidirectional_prefill_equals_stock_generate(monkeypatch):
+    """Gemma 3's image-block prefill mask through the static caches (sliding and full layers)."""
+    from tests.vlm.test_families import SPEC
+    from tests.vlm.test_families import setup as family_setup
+
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    model, inputs, eos, reference = family_setup("gemma3")
+    gen = specmm.SpeculativeGenerator(model, drafter_for(model, "vispec"), tree=SPEC, compile=True)
+    out = gen.generate(**inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
+    assert torch.equal(out.sequences, reference)

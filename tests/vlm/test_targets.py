@@ -16,12 +16,13 @@ from transformers import (
     LlavaForConditionalGeneration,
     LlavaNextConfig,
     LlavaNextForConditionalGeneration,
+    PaliGemmaConfig,
+    PaliGemmaForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
+    SiglipVisionConfig,
 )
 
 import specmm
@@ -343,12 +344,15 @@ def test_bad_image_inputs_raise_before_any_forward(case):
 
 
 def test_unsupported_vlm_class_is_refused():
-    text = dict(_TEXT, rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1]})
-    config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2,
-                                                                mlp_ratio=2, patch_size=4))
-    model = Qwen2VLForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="target: Qwen2VLForConditionalGeneration is not supported; supported: "
-                                         "LlavaForConditionalGeneration"):
+    vision = SiglipVisionConfig(image_size=32, patch_size=8, hidden_size=16, intermediate_size=32,
+                                num_hidden_layers=1, num_attention_heads=2)
+    text = dict(_TEXT, model_type="gemma", head_dim=8)
+    model = PaliGemmaForConditionalGeneration(PaliGemmaConfig(vision_config=vision, text_config=text))
+    with pytest.raises(ValueError, match="target: PaliGemmaForConditionalGeneration is not supported; supported: "
+                                         "LlavaForConditionalGeneration") as refused:
         as_target(model)
+    for supported in ("LlavaNext", "Qwen2_5_VL", "Gemma3", "Idefics3", "SmolVLM", "LlavaOnevision", "Qwen2VL",
+                      "Qwen3VL", "InternVL"):
+        assert f"{supported}ForConditionalGeneration" in str(refused.value)
     with pytest.raises(ValueError, match="is not supported"):
         specmm.SpeculativeGenerator(model, specmm.drafters.PromptLookupDrafter())
