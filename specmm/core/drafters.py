@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
+from specmm.core.compiled import compiled_helper
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import (
@@ -59,9 +60,14 @@ class Drafter(Protocol):
 
 def accepted_tokens(tree: DraftTree, result: AcceptResult) -> Tensor:
     """[B, D+1] the round's new tokens: accepted drafts, then the target's next token at index num_accepted."""
-    drafts = tree.tokens.gather(1, result.path[:, 1:])  # [B, D]
-    tokens = torch.cat([drafts, drafts.new_zeros(drafts.shape[0], 1)], 1)
-    return tokens.scatter(1, result.num_accepted[:, None], result.next_token[:, None])
+    return path_tokens(tree.tokens, result.path, result.num_accepted, result.next_token)
+
+
+def path_tokens(tokens: Tensor, path: Tensor, num_accepted: Tensor, next_token: Tensor) -> Tensor:
+    """`accepted_tokens` on tensors: tokens [B, T], path [B, D+1], num_accepted and next_token [B] -> [B, D+1]."""
+    drafts = tokens.gather(1, path[:, 1:])  # [B, D]
+    padded = torch.cat([drafts, drafts.new_zeros(drafts.shape[0], 1)], 1)
+    return padded.scatter(1, num_accepted[:, None], next_token[:, None])
 
 
 class RoundSlots:
@@ -102,6 +108,22 @@ def shift_left(values: Tensor, shift: Tensor, count: Tensor) -> tuple[Tensor, Te
     index = (shift[:, None] + offsets).clamp(max=width - 1)  # [B, W]
     gathered = values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand_as(values))
     return gathered, offsets[None, :] < count[:, None]
+
+
+def drafter_update(node_slots: Tensor, tokens: Tensor, path: Tensor, num_accepted: Tensor, next_token: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What a cached model drafter keeps of a round: the round slots [B, D] whose first reused[b] entries it
+    already ran on row b's accepted path, reused [B], and the tokens to feed next (pending [B, D+1], left-aligned,
+    with their valid mask): the rest of the accepted path, then the target's next token.
+
+    node_slots, tokens: [B, T] of the verified tree; path: [B, D+1]; num_accepted, next_token: [B]."""
+    path_slots = node_slots.gather(1, path[:, 1:])  # [B, D] drafter slot of each accepted draft
+    steps = torch.arange(path_slots.shape[1], device=path.device)
+    ran = (path_slots >= 0) & (steps[None, :] < num_accepted[:, None])
+    reused = ran.long().cumprod(1).sum(1)  # [B] leading accepted drafts already in the round's slots
+    new = path_tokens(tokens, path, num_accepted, next_token)  # [B, D+1]
+    pending, valid = shift_left(new, reused, num_accepted - reused + 1)
+    return path_slots.clamp_min(0), reused, pending, valid
 
 
 class ModelDrafter(RunnerOwner):
@@ -168,13 +190,11 @@ class ModelDrafter(RunnerOwner):
         return grow_tree(spec, roots, root_logits, expand, sampling, generators)
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
-        accepted = result.num_accepted  # [B]
-        path_slots = tree.node_slots.gather(1, result.path[:, 1:])  # [B, D] drafter slot of each accepted draft
-        steps = torch.arange(path_slots.shape[1], device=accepted.device)
-        ran = (path_slots >= 0) & (steps[None, :] < accepted[:, None])
-        reused = ran.long().cumprod(1).sum(1)  # [B] leading accepted drafts already in the round's slots
-        self.runner.cache.commit(path_slots.clamp_min(0), reused)
-        self.pending, self.pending_valid = shift_left(accepted_tokens(tree, result), reused, accepted - reused + 1)
+        plan = compiled_helper(drafter_update) if self.static_plan is not None and self.static_plan.compile \
+            else drafter_update
+        kept, reused, self.pending, self.pending_valid = plan(tree.node_slots, tree.tokens, result.path,
+                                                              result.num_accepted, result.next_token)
+        self.runner.cache.commit(kept, reused)
 
     def select_rows(self, rows: Tensor) -> None:
         self.runner.cache.select_rows(rows)

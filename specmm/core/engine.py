@@ -257,7 +257,7 @@ class SpeculativeGenerator:
             timer.mark("other")  # the loop's bookkeeping since the last round
         tree = drafter.draft(roots, self.tree, sampling, generators)
         if budget is not None:
-            tree = limit_depth(tree, budget - 1)  # no node past a row's token budget (or position limit)
+            tree = limit_depth(tree, budget - 1, compiled=self._plan is not None)  # no node past a row's budget
         if timer is not None:
             timer.mark("draft")
         verified = target.verify(tree)
@@ -374,7 +374,7 @@ class SpeculativeGenerator:
             roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
                                                            result.next_token, generators, max_new_tokens,
                                                            criteria, pad, streamer, batch, alive)
-            if alive is not None and stopped((~alive).all()[None], result.target_logits, self.target, rounds):
+            if alive is not None and stopped((~alive).all()[None], result.target_logits, self.target, rounds, True):
                 break  # compiled mode's one host sync per round: every row done (or NaN/inf logits raised)
             if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
                 per_draft = result.diagnostics["moved_mass"]  # [b, D]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specmm.core.compiled import compiled_helper
+
 HINT = ("the weights or inputs hold NaN/inf, or the dtype overflows: check the checkpoint, or run in float32")
 
 
@@ -66,15 +68,21 @@ def check_finite_steps(values: Tensor, model, what: str = "values") -> None:
         raise NonFiniteError(nonfinite_message(model, f"generation step {step} of {values.shape[1]}", rows, what))
 
 
-def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor) -> bool:
+def round_flags(done: Tensor, logits: Tensor) -> Tensor:
+    """[2] bool: any row done ([b] `done`), any row of the logits [b, T, V] non-finite."""
+    return torch.stack([done.any(), nonfinite_rows(logits).any()])
+
+
+def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor, compiled: bool = False) -> bool:
     """`bool(done.any())` for the engine's round, in the same single host sync also checking the round's verify
     logits [b, T, V]; raises NonFiniteError naming the model, the round (`rounds`: forwards per live row so
-    far) and the live rows."""
+    far) and the live rows. `compiled`: the flags as one compiled graph (compiled rounds)."""
     if logits is None:
         return bool(done.any())
-    bad = nonfinite_rows(logits)  # [b]
-    any_done, any_bad = torch.stack([done.any(), bad.any()]).tolist()
+    flags = compiled_helper(round_flags) if compiled else round_flags
+    any_done, any_bad = flags(done, logits).tolist()
     if any_bad:
+        bad = nonfinite_rows(logits)  # [b]
         rows = bad.nonzero().flatten().tolist()
         raise NonFiniteError(nonfinite_message(model, f"decoding round {int(rounds.max())}", rows))
     return any_done

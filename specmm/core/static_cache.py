@@ -102,10 +102,8 @@ class StaticRowCache(RowCache):
         rounds of a few shapes (trees, pending tokens), not prefills, whose every prompt length is a shape.
         """
         batch, n = positions.shape
-        if self.round_length == 0:  # a round opens: its slots start at P
-            self._fast_round = fast and self._compiled is not None
-            for layer in self.cache.layers:
-                layer.cumulative_length.copy_(self.round_start)
+        if self.round_length == 0:  # a round opens: its slots start at P, where every commit, rollback and row
+            self._fast_round = fast and self._compiled is not None  # selection left each layer's write position
         self._round_positions.append(positions)
         previous = self._round_attend
         self._round_attend = attend if previous is None else torch.cat(

@@ -15,6 +15,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from specmm.core.compiled import compiled_helper
 from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample
 
 
@@ -124,18 +125,28 @@ class DraftTree:
         return (at_level.long() * nodes).sum(-1)
 
 
-def limit_depth(tree: DraftTree, max_depth: Tensor) -> DraftTree:
+def limit_depth(tree: DraftTree, max_depth: Tensor, compiled: bool = False) -> DraftTree:
     """Row b keeps only nodes at depth <= max_depth[b] ([B]) whose ancestors are all valid; the others become
     invalid padding at depth 0, so verification runs them at the root's position (never past a position
-    limit or a row's token budget) and ignores them."""
-    ancestors = tree.ancestors  # [B, T, T]
-    valid = tree.valid & (tree.depth <= max_depth[:, None])
-    valid = ~((~valid)[:, None, :] & ancestors).any(-1)  # [B, T] every ancestor-or-self kept
-    limited = dataclasses.replace(tree, valid=valid, depth=torch.where(valid, tree.depth, 0))
-    # kept nodes keep their ancestors; a node cut to depth 0 is its own only ancestor (as `ancestor_mask` says)
-    eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
-    limited.__dict__["ancestors"] = torch.where(valid[:, :, None], ancestors, eye)
+    limit or a row's token budget) and ignores them. `compiled`: as one compiled graph (compiled rounds)."""
+    cut = compiled_helper(limited_tables) if compiled else limited_tables
+    known = tree.__dict__.get("ancestors")
+    valid, depth, ancestors = cut(tree.parents, tree.depth, tree.valid, max_depth, tree.max_depth, known)
+    limited = dataclasses.replace(tree, valid=valid, depth=depth)
+    limited.__dict__["ancestors"] = ancestors
     return limited
+
+
+def limited_tables(parents: Tensor, depth: Tensor, valid: Tensor, max_depth: Tensor, tree_depth: int,
+                   ancestors: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """`limit_depth`'s tensors: the kept nodes' valid [B, T] and depth [B, T], and the cut tree's ancestor
+    table [B, T, T] (kept nodes keep their ancestors; a node cut to depth 0 is its own only ancestor)."""
+    if ancestors is None:
+        ancestors = ancestor_mask(parents, depth, tree_depth)
+    valid = valid & (depth <= max_depth[:, None])
+    valid = ~((~valid)[:, None, :] & ancestors).any(-1)  # [B, T] every ancestor-or-self kept
+    eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
+    return valid, torch.where(valid, depth, 0), torch.where(valid[:, :, None], ancestors, eye)
 
 
 def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:
