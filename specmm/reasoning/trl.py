@@ -1,18 +1,27 @@
-"""A TRL `GRPOTrainer` rollout hook backed by specmm's step-level speculation (untested against a real `trl`: the
-contract below is read from the source of trl 1.16.0, `trl/trainer/grpo_trainer.py`).
+"""A TRL `GRPOTrainer` rollout hook backed by specmm's step-level or token-level speculation; run against trl 1.16.0
+in `tests/reasoning/test_trl_grpo.py` (2 GRPO steps on tiny models, CPU, no vLLM).
 
-TRL's contract (`GRPOTrainer(..., rollout_func=f)`; experimental in TRL):
-- `f(prompts, trainer)` gets this process's slice of the batch's prompts. TRL's sampler already repeats each prompt
-  `num_generations` times, so every entry is one rollout: `f` returns exactly one completion per entry, in order.
-- it returns a dict with `prompt_ids`, `completion_ids` and `logprobs` (lists per entry, no padding); every other
-  key is an extra field that TRL hands to the reward functions (entry i of a list goes with prompt i).
-- `logprobs` become `sampling_per_token_logps`: TRL 1.16 reads them only for its importance-sampling correction
-  (`use_vllm=True` with `vllm_importance_sampling_correction`); otherwise they are carried, not used by the loss.
+TRL's contract (`GRPOTrainer(..., rollout_func=f)`; experimental in TRL, silence its warning with
+`TRL_EXPERIMENTAL_SILENCE=1`):
+- `f(prompts, trainer)` gets this process's slice of the batch's dataset prompts, as the dataset holds them.
+  TRL's sampler has already repeated each prompt `num_generations` times, in consecutive groups (TRL's own
+  docstring says "no duplication"; 1.16.0's code passes the repeated entries), so every entry is one rollout:
+  `f` returns exactly one completion per entry, in order. It is called in eval too (`num_generations_eval`).
+- it returns a dict with `prompt_ids`, `completion_ids` and `logprobs` (lists per entry, no padding); TRL pads
+  them itself and does not cut completions to `max_completion_length`, so give `max_new_tokens` that value.
+- every other key is an extra field merged into each entry's inputs for the reward functions (entry i of a list
+  goes with prompt i); the one extra key TRL reads itself is `env_mask` (a 0/1 loss mask), which specmm never sets.
+- `logprobs` become `sampling_per_token_logps`. The GRPO ratio uses the trainer's own log-probs; TRL reads the
+  behaviour log-probs only in its off-policy sequence mask (`off_policy_mask_threshold`, any backend) and its
+  vLLM importance-sampling correction (`use_vllm=True`). Without those they are carried, not used by the loss.
 - TRL has no field for where a token came from: specmm's per-token `source` (draft or target), `step_spans` and
-  `exact` go as extra fields, which only reward functions see; the loss treats every token alike.
+  `exact` go as extra fields, which only reward functions see; the loss treats every token alike. Mixed
+  step-level rollouts (`exact` False) are off-policy in a way TRL cannot weigh; `TargetOnly()` with
+  `inner_speculation=k` (exact token-level speculation) gives on-policy rollouts.
 
-For on-policy GRPO, build the `StepSpeculator` with the very model object handed to the trainer (its target), so
-rollouts follow the weights as they train; the hook runs it in eval mode and restores the mode after.
+For on-policy GRPO, build the `StepSpeculator` with the very model object handed to the trainer (its target;
+`trainer.model` is that object unless DeepSpeed or FSDP shards it), so rollouts follow the weights as they train; the hook runs it in eval mode
+and restores the mode after.
 """
 
 from __future__ import annotations
