@@ -54,7 +54,11 @@ def commit_slots(states: list[Tensor], cumulative: list[Tensor], lengths: Tensor
 
 
 def static_cache_length(needed: int, bucket: int = 128) -> int:
-    """Round a slot count up to a bucket, so generations of similar length share one compiled shape."""
+    """Round a slot count up to a bucket, so generations of similar length share one compiled shape: a power of
+    two (16 at least) below `bucket` slots, so short generations do not attend over empty slots, else a
+    multiple of `bucket`."""
+    if needed <= bucket:
+        return max(16, 1 << (needed - 1).bit_length())
     return -(-needed // bucket) * bucket
 
 

@@ -71,7 +71,8 @@ def test_cli_compile_flag_selects_compiled_rows():
     assert parser.parse_args(["bench", "reasoning", "--compile"]).compile
 
 
-def test_bench_core_compile_reports_baselines_compile_time_apart_and_identical_outputs(tmp_path):
+def test_bench_core_compile_reports_baselines_compile_time_apart_and_identical_outputs(tmp_path, monkeypatch):
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")  # graph capture without kernel codegen
     target = tiny_model("llama", dtype=torch.float32)
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([4, 7], seed=3)
