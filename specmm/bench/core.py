@@ -43,6 +43,17 @@ def new_token_rows(sequences: Tensor, prompt_width: int, eos: int | None, pad: i
     return rows
 
 
+def plain_decoding(target: nn.Module, input_ids: Tensor, attention_mask: Tensor, static: bool, max_new_tokens: int,
+                   pad: int, cut_at: int | None, **generate_kwargs) -> RunResult:
+    """A plain-decoding baseline row: HF greedy `generate` (`generate_kwargs` passed on), eager or (`static`) over a
+    static cache with its decode step compiled; each row's new tokens up to its first `cut_at` (an EOS id)."""
+    extra = hf_static_compile_kwargs(target) if static else {}
+    out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens,
+                          pad_token_id=pad, **generate_kwargs, **extra)
+    # compiled only if HF took its auto-compile path (a static cache it can compile), which stores the call
+    return RunResult(new_token_rows(out, input_ids.shape[1], cut_at, pad), compiled=static and hf_compiled(target))
+
+
 def speculative_method(name: str, make_generator, generate, mode: str, profile: bool) -> Method:
     """A specmm row: `make_generator(compile, profile)` builds the generator, `generate(gen)` runs it and returns
     (RunResult without stats, GenerationStats); the row records which parts ran compiled."""
@@ -68,13 +79,7 @@ def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, 
     batch = input_ids.shape[0]
 
     def target_only(static: bool):
-        def run() -> RunResult:
-            extra = hf_static_compile_kwargs(target) if static else {}
-            out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
-                                  eos_token_id=eos, pad_token_id=pad, **extra)
-            # compiled only if HF took its auto-compile path (a static cache it can compile), which stores the call
-            return RunResult(new_token_rows(out, width, eos, pad), compiled=static and hf_compiled(target))
-        return run
+        return lambda: plain_decoding(target, input_ids, attention_mask, static, new, pad, eos, eos_token_id=eos)
 
     def hf_assisted() -> RunResult:
         rows = []

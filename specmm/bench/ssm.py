@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 import specmm
-from specmm.bench.core import _describe, new_token_rows, speculative_method, timing_note
-from specmm.bench.fast_path import FastPathSetup, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
+from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
+from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
@@ -53,13 +53,7 @@ def ssm_methods(target: nn.Module, draft: nn.Module, input_ids: Tensor, attentio
     width, pad, new = input_ids.shape[1], setup.pad_token_id, setup.max_new_tokens
 
     def autoregressive(static: bool):
-        def run() -> RunResult:
-            extra = hf_static_compile_kwargs(target) if static else {}
-            out = target.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=new,
-                                  min_new_tokens=new, pad_token_id=pad, **extra)
-            # compiled only if HF took its auto-compile path (it stores the compiled call on the model)
-            return RunResult(new_token_rows(out, width, None, pad), compiled=static and hf_compiled(target))
-        return run
+        return lambda: plain_decoding(target, input_ids, attention_mask, static, new, pad, None, min_new_tokens=new)
 
     def speculative(name: str, commit_mode: str, tree: specmm.TreeSpec, mode: str, note: str = "") -> Method:
         def make(compile: bool, profile: bool):

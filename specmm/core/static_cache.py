@@ -20,13 +20,18 @@ from specmm.core.cache import RowCache
 from specmm.core.compiled import compiled_helper
 
 
+def round_index(slots: Tensor, round_start: Tensor, round_length: int) -> tuple[Tensor, Tensor]:
+    """[S] index of each slot inside the open round (clamped) and [S] whether the slot is a round slot."""
+    relative = slots - round_start
+    inside = (relative >= 0) & (relative < round_length)
+    return relative.clamp(0, max(round_length - 1, 0)), inside
+
+
 def round_mask(attend: Tensor, slots: Tensor, round_start: Tensor, round_length: int, lengths: Tensor) -> Tensor:
     """[B, 1, n, S] bool: each of n new slots sees its row's committed slots and the round slots `attend`
     [B, n, R + n] names (round slot r sits at physical slot round_start + r; R + n = round_length)."""
     batch, n = attend.shape[:2]
-    relative = slots - round_start  # [S] index inside the round
-    inside = (relative >= 0) & (relative < round_length)
-    index = relative.clamp(0, max(round_length - 1, 0))
+    index, inside = round_index(slots, round_start, round_length)
     sees_round = attend.gather(2, index.expand(batch, n, -1)) & inside  # [B, n, S]
     sees_committed = (slots[None, :] < lengths[:, None])[:, None, :]  # [B, 1, S]
     return (sees_committed | sees_round)[:, None]
@@ -92,12 +97,6 @@ class StaticRowCache(RowCache):
         """Whether HF has allocated the layers (on the first forward, which therefore runs eager)."""
         return all(layer.is_initialized for layer in self.cache.layers)
 
-    def _round_index(self) -> tuple[Tensor, Tensor]:
-        """[S] index of each slot inside the open round (clamped) and [S] whether the slot is a round slot."""
-        relative = self.slots - self.round_start
-        inside = (relative >= 0) & (relative < self.round_length)
-        return relative.clamp(0, max(self.round_length - 1, 0)), inside
-
     def open_slots(self, positions: Tensor, attend: Tensor, fast: bool = False) -> Tensor:
         """Register n new round slots; returns the [B, 1, n, S] bool mask for running them.
 
@@ -118,7 +117,7 @@ class StaticRowCache(RowCache):
     def windowed(self, mask: Tensor, window: int) -> Tensor:
         """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
         batch = mask.shape[0]
-        index, inside = self._round_index()
+        index, inside = round_index(self.slots, self.round_start, self.round_length)
         round_positions = torch.cat(self._round_positions, 1).gather(1, index.expand(batch, -1))  # [B, S]
         keys = torch.where(inside, round_positions, self.slots)  # [B, S] position of every slot
         queries = self._round_positions[-1]  # [B, n]

@@ -36,7 +36,7 @@ import specmm.vlm
 from specmm.core.target import FEATURES, as_target
 from specmm.vlm import VisionDrafter
 from tests.conftest import one_torch_thread, report_acceptance
-from tests.vlm.test_targets import _CLIP, _TEXT, IMAGE, MAX_NEW, PAD, VOCAB, _finish, _pick_eos
+from tests.vlm.test_targets import _CLIP, _TEXT, IMAGE, MAX_NEW, PAD, VOCAB, _finish, reference_setup
 
 IMAGES_PER_ROW = [1, 2, 1]  # row 1 is a multi-image prompt
 TEXT = [(3, 0, 4), (1, 2, 3), (6, 0, 2)]  # text tokens before, between and after each row's images
@@ -222,14 +222,7 @@ SPEC = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=10)
 @functools.cache
 def setup(family: str):
     """(model, inputs, eos, reference sequences of the stock model's greedy generate)."""
-    build, make_inputs = FAMILIES[family]
-    model = build()
-    inputs = make_inputs(model)
-    free = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
-    eos = _pick_eos(free[:, inputs["input_ids"].shape[1]:])
-    reference = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos,
-                               pad_token_id=PAD)
-    return model, inputs, eos, reference
+    return reference_setup(*FAMILIES[family])
 
 
 COMPRESSING = ("vispec", "dream", "flash")  # learned-query pooling, attention top-k pruning, latent pooling

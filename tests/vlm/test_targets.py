@@ -164,6 +164,12 @@ def _pick_eos(new_tokens: torch.Tensor) -> int:
 def setup(family: str):
     """(model, inputs, eos, reference sequences of the stock model's greedy generate)."""
     build, make_inputs, _ = FAMILIES[family]
+    return reference_setup(build, make_inputs)
+
+
+def reference_setup(build, make_inputs):
+    """Build a tiny model and its inputs, pick an EOS that stops rows at different steps, and return
+    (model, inputs, eos, the stock model's greedy generate with that EOS)."""
     model = build()
     inputs = make_inputs(model)
     free = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
