@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/specmm demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(VENV)/bin/specmm bench core

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import copy
+import fcntl
+import json
+import os
+import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +24,10 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)
+if WORKER:
+    torch.set_num_threads(1)  # one worker per core: intra-op threads would only contend
 
 VOCAB = 96
 _COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -94,7 +103,11 @@ def llama():
 
 @pytest.fixture(scope="session")
 def zoo_home(tmp_path_factory):
-    """$SPECMM_HOME for the session's tiny zoo builds."""
+    """$SPECMM_HOME for the session's tiny zoo builds (one folder shared by all parallel workers)."""
+    if WORKER:
+        shared = tmp_path_factory.getbasetemp().parent / "zoo-home"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("zoo-home")
 
 
@@ -105,7 +118,13 @@ def tiny_zoo(zoo_home, monkeypatch):
     from specmm import zoo
 
     monkeypatch.setenv("SPECMM_HOME", str(zoo_home))
-    return lambda name: zoo.build(name, "tiny", progress=False)
+
+    def build(name: str) -> Path:
+        with open(zoo_home / f".{name}.test-wait", "w") as wait:  # a worker waits while another builds `name`
+            fcntl.flock(wait, fcntl.LOCK_EX)
+            return zoo.build(name, "tiny", progress=False)
+
+    return build
 
 
 # ------------------------------------------------------------------ acceptance report in the test output
@@ -118,11 +137,27 @@ def report_acceptance(case: str, stats) -> None:
     ACCEPTANCE_REPORT.append((case, stats.mean_accepted, stats.accepted_histogram))
 
 
+def pytest_configure(config):
+    if not WORKER:  # the controller (or a plain run): parallel workers inherit where to leave their reports
+        os.environ.setdefault("SPECMM_TEST_REPORTS", tempfile.mkdtemp(prefix="specmm-acceptance-"))
+
+
+def pytest_sessionfinish(session):
+    if WORKER and ACCEPTANCE_REPORT:
+        folder = Path(os.environ["SPECMM_TEST_REPORTS"])
+        (folder / f"{WORKER}.json").write_text(json.dumps(ACCEPTANCE_REPORT))
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not ACCEPTANCE_REPORT:
+    rows = list(ACCEPTANCE_REPORT)
+    folder = Path(os.environ.get("SPECMM_TEST_REPORTS", ""))
+    if folder.name:
+        for part in sorted(folder.glob("*.json")):
+            rows += [tuple(row) for row in json.loads(part.read_text())]
+    if not rows:
         return
     terminalreporter.section("acceptance reached (mean tokens per target forward; histogram of accepted drafts)")
-    for case, mean, histogram in ACCEPTANCE_REPORT:
+    for case, mean, histogram in sorted(rows):
         terminalreporter.write_line(f"{case:<44} {mean:6.3f}  {histogram}")
 
 
