@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import types
 import warnings
@@ -72,7 +73,8 @@ def compile_static(fn, mode: str | None = None, backend: str | None = None):
     """
     backend = backend or BACKEND
     own = _own_code(fn)
-    options = {"guard_filter_fn": module_guard_filter}
+    code = own.__func__.__code__ if isinstance(own, types.MethodType) else own.__code__
+    options = {"guard_filter_fn": own_frame_guard_filter(code)}
     if backend == "inductor" and mode is not None:
         from torch._inductor import list_mode_options
 
@@ -81,6 +83,30 @@ def compile_static(fn, mode: str | None = None, backend: str | None = None):
 
 
 _KEPT_MODULE_GUARDS = ("EMPTY_NN_MODULE_HOOKS_DICT", "TENSOR_MATCH")
+
+
+def _code_being_guarded() -> types.CodeType | None:
+    """The code object dynamo is building guards for (its guard manager's `f_code`), None if not found."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_locals.get("f_code") if frame.f_code.co_name == "__init__" else None
+        if isinstance(code, types.CodeType):
+            return code
+        frame = frame.f_back
+    return None
+
+
+def own_frame_guard_filter(code: types.CodeType):
+    """`module_guard_filter` for the frames of `code` only. Any other frame (a graph break's resume function, or
+    a submodule's forward compiled on its own after a break) is shared by every instance of its class, so its
+    module-attribute guards (`layer_idx`, ...) are what tell one layer's graph from another's: all kept."""
+
+    def keep(entries) -> list[bool]:
+        if _code_being_guarded() is not code:
+            return [True] * len(entries)
+        return module_guard_filter(entries)
+
+    return keep
 
 
 def module_guard_filter(entries) -> list[bool]:

@@ -159,3 +159,19 @@ def test_rows_that_stop_early_stay_in_a_compiled_batch_without_overflowing_its_c
         assert torch.equal(out.sequences, eager.sequences)
         rounds = out.stats.target_forwards_per_row
         assert max(rounds) > 40 and max(rounds) - min(rounds) > 5  # stopped rows sat through many rounds
+
+
+def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(capture_only, monkeypatch):
+    """A break in every layer's MLP compiles each layer's rest as a frame shared by all layers; their guards
+    (layer_idx, ...) must survive the fast path's guard filter, or layer 0's graph would run for layer 1."""
+    target, draft = tiny_model("llama"), tiny_model("llama", seed=5, num_hidden_layers=1)
+    for layer in target.model.layers:
+        def mlp_with_a_break(*args, _forward=layer.mlp.forward, **kwargs):
+            torch._dynamo.graph_break()
+            return _forward(*args, **kwargs)
+        monkeypatch.setattr(layer.mlp, "forward", mlp_with_a_break)
+    ids, mask = left_padded_batch([4, 7], seed=1)
+    chain = specmm.TreeSpec.chain(3)
+    eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
+    compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain, compile=True)
+    assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
