@@ -54,4 +54,5 @@ def tiny_janus(codes: int = 32, grid: int = 4, seed: int = 0, dtype=torch.float6
     g = model.generation_config
     g.bos_token_id, g.pad_token_id = tokenizer.bos_token_id, tokenizer.pad_token_id
     g.generation_kwargs = {"boi_token_id": tokenizer.convert_tokens_to_ids(JANUS_SPECIALS["boi_token"])}
+    g._from_model_config = False  # a checkpoint's own generation config: from_pretrained keeps it as saved
     return model.to(dtype)

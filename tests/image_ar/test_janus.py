@@ -133,3 +133,30 @@ def test_relaxed_rules_at_zero_knobs_equal_exact(janus, relaxed):
     exact, relaxed_out = run("exact"), run(relaxed)
     assert torch.equal(exact.tokens, relaxed_out.tokens)
     assert relaxed_out.stats.moved_mass == 0.0
+
+
+def test_cli_samples_a_janus_folder_with_resume_and_grid(janus, tmp_path, capsys):
+    import json
+
+    from specmm.cli import main
+
+    model, processor = janus
+    folder, out = tmp_path / "janus", tmp_path / "images"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    args = ["sample-images", "--model", str(folder), "--prompts", str(prompts), "--method", "sjd", "--per-class", "1",
+            "--cfg-scale", str(SCALE), "--temperature", "0", "--out", str(out)]
+    assert main(args) == 0
+    names = sorted(p.name for p in out.glob("prompt*.png"))
+    assert names == ["prompt0000_000.png", "prompt0001_000.png"] and (out / "grid.png").is_file()
+    assert json.loads((out / "summary.json").read_text())["sampled_now"] == 2
+    first = (out / names[1]).read_bytes()
+    (out / names[1]).unlink()
+    assert main([*args, "--resume"]) == 0
+    assert (out / names[1]).read_bytes() == first  # the resumed image is the uninterrupted run's
+    assert json.loads((out / "summary.json").read_text())["sampled_now"] == 1
+    capsys.readouterr()
+    assert main([*args[:-2], "--classes", "1", "--out", str(tmp_path / "x")]) == 2
+    assert "--model: a stock generator folder takes --prompts, not --classes" in capsys.readouterr().err
