@@ -121,18 +121,42 @@ def test_exact_sd_samples_the_hf_distribution(small, expected):
     check_distribution(sampler, probs, sequences)
 
 
-@pytest.mark.parametrize("relaxed", [Lantern(k=5, delta=0.0), GSD(window=1)], ids=["lantern-delta0", "gsd-singleton"])
-def test_relaxed_rules_at_zero_knobs_equal_exact(janus, relaxed):
+@pytest.mark.parametrize(("relaxed", "proposer"), [(Lantern(k=5, delta=0.0), "drafter"), (GSD(window=1), "jacobi")],
+                         ids=["lantern-delta0-drafter", "gsd-singleton-jacobi"])
+def test_relaxed_rules_at_zero_knobs_equal_exact(janus, relaxed, proposer):
     model, processor = janus
 
     def run(rule):
-        sampler = ImageSampler.for_model(model, processor, proposer="jacobi", acceptance=rule, window=4)
+        torch.manual_seed(2)
+        chosen = ImageDrafter.for_target(model) if proposer == "drafter" else "jacobi"
+        sampler = ImageSampler.for_model(model, processor, proposer=chosen, acceptance=rule, window=4,
+                                         tree=TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6) if chosen != "jacobi"
+                                         else None)
         gens = [torch.Generator().manual_seed(10 + i) for i in range(2)]
         return sampler.sample(PROMPTS, cfg_scale=2.0, temperature=1.0, top_k=16, generator=gens, decode=False)
 
     exact, relaxed_out = run("exact"), run(relaxed)
     assert torch.equal(exact.tokens, relaxed_out.tokens)
     assert relaxed_out.stats.moved_mass == 0.0
+
+
+def test_bad_input_is_refused_before_any_work(janus):
+    model, processor = janus
+    sampler = ImageSampler.for_model(model, processor, proposer="ar")
+    with pytest.raises(ValueError, match="processor: text prompts need"):
+        ImageSampler.for_model(model, None, proposer="ar").sample(PROMPTS)
+    with pytest.raises(ValueError, match="cfg_scale: guidance scale must be >= 1"):
+        sampler.sample(PROMPTS, cfg_scale=0.5)
+    with pytest.raises(ValueError, match="cfg_interval"):
+        ImageSampler.for_model(model, processor, proposer="ar", cfg_interval=3).sample(PROMPTS)
+    with pytest.raises(ValueError, match="compile: the compiled fast path covers LlamaGen"):
+        ImageSampler.for_model(model, processor, compile=True)
+    model.generation_config.repetition_penalty = 1.3
+    try:
+        with pytest.raises(ValueError, match=r"generation_config.repetition_penalty=1.3: a logits processor"):
+            ImageSampler.for_model(model, processor)
+    finally:
+        model.generation_config.repetition_penalty = 1.0
 
 
 def test_cli_samples_a_janus_folder_with_resume_and_grid(janus, tmp_path, capsys):
