@@ -23,7 +23,7 @@ from specmm.core.tree import DraftTree
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import register_image_model
+from specmm.image_ar.models import refuse_options, register_image_model
 from specmm.image_ar.target import cache_rows, combine, pack
 
 CONDITIONING = ("prompt_ids", "prompt_mask", "cfg_scale", "cfg_interval", "max_nodes", "caption_mask")
@@ -196,9 +196,10 @@ class JanusImageModel:
                              f"{self.tokens_per_image} (vision_config.num_image_tokens)")
 
     def conditioning(self, conditions, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
-                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+                     caption_mask: Tensor | None = None, **options) -> tuple[Tensor, dict]:
         """Text prompts (a string or a list; the processor adds BOI as in `generation_mode="image"`), or processor
         output with `input_ids` / `attention_mask` -> an empty prompt plus the conditioning inputs."""
+        refuse_options(options, "Janus")
         check_cfg_scale(cfg_scale)
         if cfg_interval != -1 or caption_mask is not None:
             raise ValueError("cfg_interval / caption_mask: LlamaGen options; Janus guides every image token")

@@ -30,8 +30,9 @@ class ImageModel(Protocol):
     tokens_per_image: int
 
     def conditioning(self, conditions: Any, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
-                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
-        """Check the conditions and guidance (ValueError before any work) -> (prompt ids [B, 0], model inputs)."""
+                     caption_mask: Tensor | None = None, **options: Any) -> tuple[Tensor, dict]:
+        """Check the conditions, guidance and model-specific `options` (extra keywords of `ImageSampler.sample`,
+        e.g. a negative prompt; ValueError before any work) -> (prompt ids [B, 0], the target's model inputs)."""
         ...
 
     def codebook(self) -> Tensor:
@@ -95,6 +96,12 @@ def load_pretrained(folder, dtype=None, device=None) -> tuple[nn.Module, Any]:
     return model, transformers.AutoProcessor.from_pretrained(folder)
 
 
+def refuse_options(options: dict, model: str) -> None:
+    """ValueError naming `sample` keywords the model takes no option for."""
+    if options:
+        raise ValueError(f"{', '.join(sorted(options))}: not a sampling option of {model}")
+
+
 def _load_builtin() -> None:
     """Import the adapters shipped with specmm (each registers itself); missing optional ones are skipped."""
     import importlib
@@ -107,4 +114,5 @@ def _load_builtin() -> None:
                 raise
 
 
-__all__ = ["ImageModel", "image_model_for", "load_pretrained", "register_image_model", "supported_models"]
+__all__ = ["ImageModel", "image_model_for", "load_pretrained", "refuse_options", "register_image_model",
+           "supported_models"]

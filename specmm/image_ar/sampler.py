@@ -96,13 +96,13 @@ class ImageSampler:
     @torch.no_grad()
     def sample(self, conditions, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, generator: Generators = None, caption_mask: Tensor | None = None,
-               decode: bool = True) -> ImageSample:
+               decode: bool = True, **options) -> ImageSample:
         """Sample one image per condition (class ids [B] or captions [B, T, D] for LlamaGen, text prompts for
-        stock generators); per-row generators allowed."""
+        stock generators); per-row generators allowed; `options`: the model's own (e.g. a negative prompt)."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         max_nodes = 1 if self.tree is None else self.tree.num_nodes
         prompt, conditioning = self.model.conditioning(conditions, cfg_scale, max_nodes, cfg_interval=self.cfg_interval,
-                                                       caption_mask=caption_mask)
+                                                       caption_mask=caption_mask, **options)
         batch, n = prompt.shape[0], self.model.tokens_per_image
         if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != batch:
             raise ValueError(f"generator: expected one generator or {batch} (one per row), got {len(generator)}")

@@ -24,4 +24,6 @@ def test_llamagen_adapter_serves_the_sampler(lg):
     ar = ImageSampler(image_model_for(lg), proposer="ar")
     a = sampler.sample(torch.tensor([1, 2]), cfg_scale=2.0, temperature=0.0, decode=False)
     assert torch.equal(a.tokens, ar.sample(torch.tensor([1, 2]), cfg_scale=2.0, temperature=0.0, decode=False).tokens)
-    assert "LlamaGen" in supported_models()
+    assert "LlamaGen" in supported_models() and "JanusForConditionalGeneration" in supported_models()
+    with pytest.raises(ValueError, match="negative_prompt: not a sampling option of LlamaGen"):
+        sampler.sample(torch.tensor([1]), negative_prompt="blurry")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.model import LlamaGen
+from specmm.image_ar.models import refuse_options
 from specmm.image_ar.target import GuidedTarget
 
 
@@ -23,8 +24,9 @@ class LlamaGenImageModel:
         self.tokens_per_image = lg.config.block_size
 
     def conditioning(self, conditions, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
-                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+                     caption_mask: Tensor | None = None, **options) -> tuple[Tensor, dict]:
         """Class ids [B] or caption embeddings [B, T, D] -> an empty prompt plus the conditioning inputs."""
+        refuse_options(options, "LlamaGen")
         check_cfg_scale(cfg_scale)
         c = self.lg.config
         if cfg_scale > 1.0 and c.model_type == "c2i" and not c.has_null_class:
