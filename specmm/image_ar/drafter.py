@@ -58,11 +58,14 @@ def head_config(target_config: GPTConfig, **overrides) -> GPTConfig:
 
 
 class ImageDrafter:
-    """Core `Drafter` around a `DraftHead`, reading the target's features on both guidance halves."""
+    """Core `Drafter` around a `DraftHead`, reading the target's features on both guidance halves. `gpt` is the
+    image model's `lm` view (a LlamaGen GPT, or an adapter's: `config`, `tok_embeddings`, `logits`); `for_target`
+    and `from_pretrained` also take the model itself (a LlamaGen, or a stock generator `ImageSampler` serves)."""
 
     needs = frozenset({FEATURES})
 
     def __init__(self, head: DraftHead, gpt: LlamaGenGPT):
+        gpt = drafter_view(gpt)
         if head.config.dim != gpt.config.dim or head.config.block_size != gpt.config.block_size:
             raise ValueError(f"drafter: head (dim {head.config.dim}, block {head.config.block_size}) does not fit "
                              f"the GPT (dim {gpt.config.dim}, block {gpt.config.block_size})")
@@ -75,6 +78,7 @@ class ImageDrafter:
 
     @classmethod
     def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
+        gpt = drafter_view(gpt)
         ref = gpt.tok_embeddings.weight
         return cls(DraftHead(head_config(gpt.config, **overrides)).to(ref.device, ref.dtype), gpt)
 
@@ -86,7 +90,7 @@ class ImageDrafter:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, gpt: LlamaGenGPT) -> ImageDrafter:
-        path = Path(path)
+        path, gpt = Path(path), drafter_view(gpt)
         config = GPTConfig(**json.loads((path / "config.json").read_text()))
         drafter = cls(DraftHead(config), gpt)
         drafter.head.load_state_dict(load_file(path / "model.safetensors"))
@@ -149,6 +153,15 @@ class ImageDrafter:
         self._kept = None
         self.lengths = self.lengths[rows]
         self.pending = tuple(p[rows] for p in self.pending)
+
+
+def drafter_view(model) -> LlamaGenGPT:
+    """What a drafter reads of `model`: a LlamaGen GPT or an adapter's `lm` as is, else its image model's `lm`."""
+    if all(hasattr(model, name) for name in ("config", "tok_embeddings", "logits")):
+        return model
+    from specmm.image_ar.models import image_model_for
+
+    return image_model_for(model).lm
 
 
 def unpack(features: Tensor, guided: bool) -> Tensor:

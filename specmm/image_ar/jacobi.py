@@ -44,7 +44,7 @@ class JacobiProposer:
             raise ValueError(f"init: expected one of {', '.join(INITS)}, got {init!r}")
         self.target, self.window, self.init = target, window, init
         self.vocab_size, self.device = target.vocab_size, target.device
-        self.grid = target.config.grid_size
+        self.grid = target.grid_size
         self.draft_forwards = 0
         self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: the draft runs compiled
 
@@ -54,7 +54,7 @@ class JacobiProposer:
 
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         batch = input_ids.shape[0]
-        self.history = torch.zeros(batch, self.target.config.block_size + self.window, dtype=torch.long,
+        self.history = torch.zeros(batch, self.target.tokens_per_image + self.window, dtype=torch.long,
                                    device=input_ids.device)  # [B, N + L] known image tokens
         self.history[:, 0] = input_ids[:, -1]
         self.known = torch.ones(batch, dtype=torch.long, device=input_ids.device)  # [B] root included
@@ -67,7 +67,7 @@ class JacobiProposer:
         if self.stale_logits is not None and not sampling.greedy:
             stale_noise = exponential(batch, (k, self.vocab_size), generators, device)  # [B, k, V]
         noise = uniform(batch, (k,), generators, device)  # [B, k]
-        tokens, draft_probs = run(part(self.target.gpt, JacobiDraft), self.static_plan, roots=roots, noise=noise,
+        tokens, draft_probs = run(part(self.target.owner, JacobiDraft), self.static_plan, roots=roots, noise=noise,
                                   stale_logits=self.stale_logits, stale_noise=stale_noise, accepted=self.accepted,
                                   known=self.known, history=self.history, k=k, init=self.init, grid=self.grid,
                                   vocab=self.vocab_size, sampling=sampling)
@@ -95,7 +95,7 @@ class JacobiProposer:
         current = self.history.gather(1, columns)
         self.history.scatter_(1, columns, torch.where(steps < count[:, None], new, current))
         # rows that stopped but stay in a compiled batch keep counting their root: held at the block
-        self.known = (self.known + count).clamp(max=self.target.config.block_size)
+        self.known = (self.known + count).clamp(max=self.target.tokens_per_image)
         self.stale_logits, self.accepted = self.target.last_logits, result.num_accepted
 
     def select_rows(self, rows: Tensor) -> None:

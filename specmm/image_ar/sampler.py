@@ -1,4 +1,5 @@
-"""ImageSampler: class- or caption-conditional image sampling with a proposer and an acceptance rule.
+"""ImageSampler: conditional image sampling with a proposer and an acceptance rule, for any `ImageModel`
+(LlamaGen; stock generators through `ImageSampler.for_model`, e.g. Janus-Pro).
 
 The core `SpeculativeGenerator` runs everything through its public round step: the guided target's conditioning
 prefill gives image token 0, then rounds of draft -> verify -> accept (ragged rows, per-row generators).
@@ -9,7 +10,6 @@ the verify, commit, draft and acceptance parts run compiled with static shapes o
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -27,10 +27,9 @@ from specmm.image_ar.acceptance import GSD, SJD, Exact, Lantern
 from specmm.image_ar.autoregressive import generate_ar
 from specmm.image_ar.compiled import image_plan
 from specmm.image_ar.drafter import ImageDrafter
-from specmm.image_ar.images import to_pil
 from specmm.image_ar.jacobi import JacobiProposer
 from specmm.image_ar.llamagen.model import LlamaGen
-from specmm.image_ar.target import GuidedTarget
+from specmm.image_ar.models import ImageModel, image_model_for
 
 RULES = {"exact": Exact, "sjd": SJD}
 
@@ -43,16 +42,20 @@ class ImageSample:
 
 
 class ImageSampler:
-    """Sample images from a LlamaGen with `proposer` ('ar' | 'jacobi' | an ImageDrafter) and `acceptance`
-    ('exact' | 'sjd' | a rule object such as Lantern, LanternPP, GSD); `compile=True` for the compiled fast path
-    (the same tokens; the first call of each batch size, window or tree compiles)."""
+    """Sample images from an image model (a LlamaGen or an `ImageModel`; stock models: `for_model`) with `proposer`
+    ('ar' | 'jacobi' | an ImageDrafter) and `acceptance` ('exact' | 'sjd' | a rule object such as Lantern,
+    LanternPP, GSD); `compile=True` for the compiled fast path (the same tokens; the first call of each batch
+    size, window or tree compiles)."""
 
-    def __init__(self, lg: LlamaGen, proposer: str | ImageDrafter = "jacobi",
+    def __init__(self, lg: LlamaGen | ImageModel, proposer: str | ImageDrafter = "jacobi",
                  acceptance: str | AcceptanceRule = "exact", tree: TreeSpec | None = None, window: int = 16,
                  init: str = "random", cfg_interval: int = -1, compile: bool = False, profile: bool = False):
-        if not isinstance(lg, LlamaGen):
-            raise ValueError(f"lg: expected a LlamaGen, got {type(lg).__name__}")  # noqa: TRY004 (project: ValueError)
-        self.lg, self.target = lg, GuidedTarget(lg.gpt)
+        if not isinstance(lg, LlamaGen) and (isinstance(lg, torch.nn.Module) or not isinstance(lg, ImageModel)):
+            raise ValueError(f"lg: expected a LlamaGen or an ImageModel (stock models: ImageSampler.for_model), "
+                             f"got {type(lg).__name__}")
+        self.model: ImageModel = image_model_for(lg)
+        self.lg = lg if isinstance(lg, LlamaGen) else None
+        self.target = self.model.target
         if isinstance(acceptance, str):
             if acceptance not in RULES:
                 raise ValueError(f"acceptance: expected {', '.join(RULES)} or a rule object, got {acceptance!r}")
@@ -60,7 +63,7 @@ class ImageSampler:
         if not isinstance(acceptance, AcceptanceRule):
             raise ValueError(f"acceptance: {type(acceptance).__name__} is not an acceptance rule")  # noqa: TRY004
         if isinstance(acceptance, (Lantern, GSD)):
-            acceptance.bind(lg.vq.quantize.codebook().detach())
+            acceptance.bind(self.model.codebook())
         self.rule: AcceptanceRule = acceptance
         if isinstance(proposer, ImageDrafter):
             self.proposer = proposer.bind(self.target)
@@ -80,39 +83,36 @@ class ImageSampler:
         self.compile = compile
         self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
 
-    def _check(self, conditions, cfg_scale: float) -> Tensor:
-        if not isinstance(cfg_scale, (int, float)) or isinstance(cfg_scale, bool) or not math.isfinite(cfg_scale):
-            raise ValueError(f"cfg_scale: expected a finite number >= 1, got {cfg_scale!r}")
-        if cfg_scale < 1.0:
-            raise ValueError(f"cfg_scale: guidance scale must be >= 1 (1 disables guidance), got {cfg_scale}")
-        c = self.lg.config
-        if cfg_scale > 1.0 and c.model_type == "c2i" and not c.has_null_class:
-            raise ValueError("cfg_scale: guidance needs a null class, but the GPT was built with "
-                             "class_dropout_prob=0 (no null-class embedding)")
-        return self.lg.check_conditions(conditions)
+    @classmethod
+    def for_model(cls, model, processor=None, proposer: str | ImageDrafter = "jacobi",
+                  acceptance: str | AcceptanceRule = "exact", **options) -> ImageSampler:
+        """A sampler for a stock image generator (e.g. `JanusForConditionalGeneration` with its processor), its
+        adapter picked by class name (`specmm.image_ar.models.register_image_model`); ValueError naming the class
+        and what is supported otherwise."""
+        return cls(image_model_for(model, processor), proposer=proposer, acceptance=acceptance, **options)
 
     @torch.no_grad()
     def sample(self, conditions, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, generator: Generators = None, caption_mask: Tensor | None = None,
                decode: bool = True) -> ImageSample:
-        """Sample one image per condition (class ids [B] or captions [B, T, D]); per-row generators allowed."""
+        """Sample one image per condition (class ids [B] or captions [B, T, D] for LlamaGen, text prompts for
+        stock generators); per-row generators allowed."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        conditions = self._check(conditions, cfg_scale)
-        batch, n = conditions.shape[0], self.lg.config.block_size
+        max_nodes = 1 if self.tree is None else self.tree.num_nodes
+        prompt, conditioning = self.model.conditioning(conditions, cfg_scale, max_nodes, cfg_interval=self.cfg_interval,
+                                                       caption_mask=caption_mask)
+        batch, n = prompt.shape[0], self.model.tokens_per_image
         if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != batch:
             raise ValueError(f"generator: expected one generator or {batch} (one per row), got {len(generator)}")
-        conditioning = dict(conditions=conditions, cfg_scale=cfg_scale, cfg_interval=self.cfg_interval,
-                            max_nodes=1 if self.tree is None else self.tree.num_nodes, caption_mask=caption_mask)
-        prompt = torch.zeros(batch, 0, dtype=torch.long, device=self.target.device)
         if self.proposer is None or n == 1:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
             gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule, compile=self.compile,
                                        profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
-            tokens, stats = out.sequences[:, :n], out.stats
+            tokens, stats = self.model.image_tokens(out.sequences), out.stats
         stats.image = ImageExtras(tokens_per_row=n)
-        images = to_pil(self.lg.decode(tokens)) if decode else []
+        images = self.model.decode(tokens) if decode else []
         return ImageSample(images=images, tokens=tokens, stats=stats)
 
     def _sample_ar(self, prompt: Tensor, conditioning: dict, n: int, sampling: SamplingConfig,

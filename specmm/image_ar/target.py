@@ -37,6 +37,8 @@ class GuidedTarget:
         self.config = gpt.config
         self.vocab_size = gpt.config.vocab_size
         self.device = gpt.tok_embeddings.weight.device
+        self.tokens_per_image, self.grid_size = gpt.config.block_size, gpt.config.grid_size
+        self.owner: nn.Module = gpt  # the module the image parts (compiled graphs) hang on
         self.cache: KVCache | None = None
         self.needs: frozenset[str] = frozenset()
         self.last_logits: Tensor | None = None  # [B, T, V] combined logits of the last verify (Jacobi reads them)

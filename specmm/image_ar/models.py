@@ -1,0 +1,94 @@
+"""The image models `ImageSampler` drives: the `ImageModel` protocol an adapter implements, and a registry of
+adapters for stock image generators keyed by class name (`ImageSampler.for_model` dispatches through it).
+
+An adapter owns a guided core target (the doubled cond/uncond batch, guidance, tree verification), turns the
+user's conditions (class ids, captions, text prompts) into the engine's prompt and model inputs, and knows its
+image tokens: how many make an image, their codebook embeddings (LANTERN / GSD), and how they decode to pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from PIL import Image
+from torch import Tensor, nn
+
+
+@runtime_checkable
+class ImageModel(Protocol):
+    """What `ImageSampler` needs from an autoregressive image model.
+
+    `target` is a core `Target` over both guidance halves with `last_logits` (Jacobi reads them), `static_plan`,
+    `guided`, `max_nodes`, `cfg_tensor` (the drafter reads them), `grid_size`, `tokens_per_image` and `owner` (the
+    module the image parts hang on). `lm` is what an `ImageDrafter` reads: `config` (its head's `GPTConfig`),
+    `tok_embeddings(ids)` (the embeddings the target feeds back for image tokens) and `logits(features)`.
+    """
+
+    target: Any
+    lm: nn.Module
+    tokens_per_image: int
+
+    def conditioning(self, conditions: Any, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
+                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+        """Check the conditions and guidance (ValueError before any work) -> (prompt ids [B, 0], model inputs)."""
+        ...
+
+    def codebook(self) -> Tensor:
+        """[V, d] codebook embedding of every image token (LANTERN neighbours, GSD groups)."""
+        ...
+
+    def image_tokens(self, sequences: Tensor) -> Tensor:
+        """The generated sequences [B, >= N] -> the image tokens [B, N] in raster order."""
+        ...
+
+    def decode(self, tokens: Tensor) -> list[Image.Image]:
+        """Image tokens [B, N] -> PIL images."""
+        ...
+
+
+Builder = Callable[[nn.Module, Any], ImageModel]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_image_model(class_name: str, build: Builder) -> None:
+    """Serve stock models of class `class_name` with `build(model, processor)` (processor may be None when only
+    the drafter's view `lm` is wanted)."""
+    _BUILDERS[class_name] = build
+
+
+def supported_models() -> list[str]:
+    _load_builtin()
+    return ["LlamaGen", *sorted(_BUILDERS)]
+
+
+def image_model_for(model: Any, processor: Any = None) -> ImageModel:
+    """The adapter for `model`: an `ImageModel` as is, a LlamaGen, or a registered stock class."""
+    from specmm.image_ar.llamagen.adapter import LlamaGenImageModel
+    from specmm.image_ar.llamagen.model import LlamaGen
+
+    if isinstance(model, LlamaGen):
+        return LlamaGenImageModel(model)
+    if isinstance(model, ImageModel) and not isinstance(model, nn.Module):
+        return model
+    _load_builtin()
+    name = type(model).__name__
+    if name not in _BUILDERS:
+        raise ValueError(f"model: {name} is not an image generator specmm can serve; supported: "
+                         f"{', '.join(supported_models())}")
+    return _BUILDERS[name](model, processor)
+
+
+def _load_builtin() -> None:
+    """Import the adapters shipped with specmm (each registers itself); missing optional ones are skipped."""
+    import importlib
+
+    for module in ("specmm.image_ar.janus", "specmm.image_ar.emu3"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+
+
+__all__ = ["ImageModel", "image_model_for", "register_image_model", "supported_models"]
