@@ -1,292 +1,135 @@
-"""Emu3 image generation as a guided core target: what HF's `generate` does with the docs' per-position
-`prefix_allowed_tokens_fn` and guidance against a negative prompt, verified a tree at a time.
-
-HF's order per step: the cond logits (a float32 copy) and the uncond logits (the negative prompt's own
-forward, positions counted over its padded length) are log-softmaxed and mixed as u + s (c - u)
-(`UnbatchedClassifierFreeGuidanceLogitsProcessor`), then the prefix constraint adds -inf outside the allowed
-tokens, then the sampling warpers. The constraint depends only on a token's offset after the prompt's
-`<|image token|>`: visual tokens, end-of-line at every (width + 1)-th offset, then end-of-frame, end-of-image,
-EOS and pads; height and width come from the prompt's `<|image start|>H*W<|image token|>`.
-
-The target's vocabulary is the image vocabulary (`Emu3Vocabulary`): the K visual tokens in codebook order, then
-EOL, EOF, EOI, EOS and pad. Every other token is outside the constraint at every offset, so dropping those
-columns after guidance changes no probability, and Jacobi, drafters, LANTERN and GSD work on codes. Both
-guidance halves run in one forward of the stock model over a `ModelRunner` (4-D tree masks, explicit positions).
-"""
+"""Emu3 as an `ImageModel`: text prompts through its `Emu3Processor` (as the HF docs build them), the guided Emu3
+target (`emu3_target`), its VQ codebook, decoding through the model's own `Emu3VQVAE`, and the drafter's view."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
 
 import torch
+from PIL import Image
 from torch import Tensor, nn
 
-from specmm.core.compiled import StaticPlan
-from specmm.core.limits import check_position_scheme
-from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
-from specmm.core.target import (
-    FEATURES,
-    ModelRunner,
-    PrefillOutput,
-    TargetOutput,
-    attention_backend,
-    final_norm,
-    model_device,
-)
-from specmm.core.tree import DraftTree
-
-SPECIALS = ("eol", "eof", "eoi", "eos", "pad")  # the image vocabulary's ids past the K visual codes, in order
-CONDITIONING = ("prompt_ids", "prompt_mask", "negative_prompt_ids", "negative_prompt_attention_mask",
-                "guidance_scale", "max_nodes")
+from specmm.image_ar.emu3_target import Emu3Target, Emu3Vocabulary
+from specmm.image_ar.images import to_pil
+from specmm.image_ar.llamagen.adapter import check_cfg_scale
+from specmm.image_ar.llamagen.config import GPTConfig
+from specmm.image_ar.models import register_image_model
 
 
-@dataclass(frozen=True)
-class Emu3Vocabulary:
-    """The model ids of an Emu3 checkpoint's image tokens and prompt markers."""
+class Emu3DrafterView(nn.Module):
+    """What an `ImageDrafter` reads of an Emu3 target: a head config over the decoder's width, the model's token
+    embeddings and LM head restricted to the visual codes. The head's 2-D RoPE grid is the image's width when that
+    square covers the image, else the smallest square that does."""
 
-    model_ids: Tensor  # [K + 5] model id of each image-vocabulary id: visual codes 0..K-1, then SPECIALS
-    codes: int  # K
-    boi: int  # <|image start|>
-    wrapper: int  # <|image token|>, the prompt's last token
-    strings: dict[int, str]  # model id -> token string (to read H*W from a prompt)
-
-    @classmethod
-    def of(cls, model: nn.Module, processor=None) -> Emu3Vocabulary:
-        """From the model's `vocabulary_map` (the tokenizer's vocabulary) and text config; a processor's tokenizer,
-        when given, supplies the ids the HF docs' constraint function reads."""
-        vocab = model.config.vocabulary_map or {}
+    def __init__(self, model: nn.Module, target: Emu3Target):
+        super().__init__()
         text = model.config.get_text_config()
-        tok = getattr(processor, "tokenizer", None)
+        grid = max(target.grid_size, math.ceil(math.sqrt(target.tokens_per_image)))
+        self.config = GPTConfig(dim=text.hidden_size, n_layer=text.num_hidden_layers, n_head=text.num_attention_heads,
+                                n_kv_head=text.num_key_value_heads, norm_eps=text.rms_norm_eps, num_classes=0,
+                                vocab_size=target.vocab_size, block_size=grid * grid)
+        self.tok_embeddings = CodeEmbedding(model.get_input_embeddings(), target.visual)
+        self.head, self.visual = model.get_output_embeddings(), target.visual
 
-        def special(attribute: str, name: str | None, fallback: int | None = None) -> int:
-            found = getattr(tok, attribute, None) if tok is not None else None
-            found = found if found is not None else (vocab.get(name) if name else None)
-            found = found if found is not None else fallback
-            if found is None:
-                raise ValueError(f"model: {type(model).__name__} has no {name or attribute} token in its vocabulary")
-            return int(found)
+    def logits(self, features: Tensor) -> Tensor:
+        """Final-norm features [..., d] -> logits [..., K] over the visual codes."""
+        return self.head(features)[..., self.visual]
 
-        visual = {int(name[-8:-2]): i for name, i in vocab.items() if name.startswith("<|visual token")}
-        if not visual or sorted(visual) != list(range(len(visual))):
-            raise ValueError("model: the vocabulary_map must hold visual tokens '<|visual token NNNNNN|>' for codes "
-                             f"0..K-1 (found {len(visual)})")
-        eos = text.eos_token_id[0] if isinstance(text.eos_token_id, list) else text.eos_token_id
-        ids = [visual[c] for c in range(len(visual))] + [
-            special("eol_token_id", "<|extra_200|>"), special("eof_token_id", "<|extra_201|>"),
-            special("eoi_token_id", "<|image end|>"), special("eos_token_id", None, eos),
-            special("pad_token_id", None, text.pad_token_id)]
-        return cls(model_ids=torch.tensor(ids), codes=len(visual), boi=special("boi_token_id", "<|image start|>"),
-                   wrapper=special("image_wrapper_token_id", "<|image token|>"),
-                   strings={i: name for name, i in vocab.items()})
+
+class CodeEmbedding(nn.Module):
+    """The model's token embedding, indexed by VQ code."""
+
+    def __init__(self, embedding: nn.Embedding, visual: Tensor):
+        super().__init__()
+        self.embedding, self.visual = embedding, visual
 
     @property
-    def size(self) -> int:
-        return self.codes + len(SPECIALS)
+    def weight(self) -> Tensor:
+        return self.embedding.weight
 
-    def special(self, name: str) -> int:
-        """Image-vocabulary id of a special token ('eol', 'eof', 'eoi', 'eos', 'pad')."""
-        return self.codes + SPECIALS.index(name)
-
-    def image_size(self, prompt: list[int]) -> tuple[int, int]:
-        """(height, width) from a prompt that ends with <|image start|>H*W<|image token|> (valid tokens only)."""
-        if not prompt or prompt[-1] != self.wrapper or prompt.count(self.wrapper) != 1:
-            raise ValueError("prompt_ids: each prompt must end with the one <|image token|> of an image-generation "
-                             "prompt (Emu3Processor(..., return_for_image_generation=True) writes it)")
-        start = len(prompt) - 1 - prompt[::-1].index(self.boi) if self.boi in prompt else -1
-        text = "".join(self.strings.get(i, "?") for i in prompt[start + 1:-1])
-        match = re.fullmatch(r"(\d+)\*(\d+)", text)
-        if start < 0 or match is None:
-            raise ValueError(f"prompt_ids: expected <|image start|>H*W<|image token|> at the end, got {text!r}")
-        return int(match.group(1)), int(match.group(2))
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.embedding(self.visual[ids])
 
 
-def allowed_tokens(offset: Tensor, height: int, width: int, vocab: Emu3Vocabulary) -> Tensor:
-    """[...] offsets after the prompt's <|image token|> (1 = the first image token) -> [..., K + 5] bool: the
-    tokens the HF docs' `prefix_allowed_tokens_fn` allows there, checked in its order."""
-    line, end = width + 1, (width + 1) * height
-    forced = torch.full_like(offset, -1)
-    for name, at in reversed((("eof", offset == end + 1), ("eoi", offset == end + 2), ("eos", offset == end + 3),
-                              ("pad", offset > end + 3))):
-        forced = torch.where(at, vocab.special(name), forced)
-    forced = torch.where(offset % line == 0, vocab.special("eol"), forced)
-    ids = torch.arange(vocab.size, device=offset.device)
-    return torch.where(forced[..., None] >= 0, ids == forced[..., None], ids < vocab.codes)
+class Emu3ImageModel:
+    """The `ImageModel` of a stock `Emu3ForConditionalGeneration`: text prompts in (through its `Emu3Processor`,
+    as the HF docs build them), images of `height` x `width` latent tokens out (default: the processor's ratio and
+    image area), guidance against `negative_prompt` (None: the prompt's last token, as HF without one).
 
+    Sampled tokens are the VQ codes in raster order, height * width per image; `target.sequences(tokens)` puts the
+    forced tokens back: the ids `generate` returns after the prompt (each row's end-of-line, then EOF, EOI, EOS)."""
 
-def constrain(scores: Tensor, allowed: Tensor) -> Tensor:
-    """HF's `PrefixConstrainedLogitsProcessor`: -inf outside `allowed`; rows whose allowed tokens are all -inf
-    get the bare mask (0 on the allowed tokens)."""
-    mask = torch.zeros_like(scores).masked_fill(~allowed, -torch.inf)
-    out = scores + mask
-    return torch.where(out.amax(-1, keepdim=True).isneginf(), mask, out)
+    def __init__(self, model: nn.Module, processor=None, height: int | None = None, width: int | None = None,
+                 negative_prompt: str | Tensor | None = None):
+        if (height is None) != (width is None):
+            raise ValueError("height, width: give both latent sizes or neither (the processor's default)")
+        if height is None:
+            ratio, area = getattr(processor, "ratio", "1:1"), getattr(processor, "image_area", 518400)
+            height, width = generate_size(ratio, area, getattr(processor, "downsample_ratio", 8))
+        self.emu3, self.processor, self.negative_prompt = model, processor, negative_prompt
+        self.target = Emu3Target(model, height, width, Emu3Vocabulary.of(model, processor))
+        self.tokens_per_image = self.target.tokens_per_image
+        self.lm = Emu3DrafterView(model, self.target)
 
+    def conditioning(self, conditions, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
+                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+        """Text prompts (a processor needed), or their ids [B, L] (left-padded, with `caption_mask` as the
+        attention mask) -> an empty prompt plus the target's inputs."""
+        check_cfg_scale(cfg_scale)
+        if cfg_interval != -1:
+            raise ValueError(f"cfg_interval: Emu3 guides every token (HF has no guidance interval), got {cfg_interval}")
+        ids, mask = self._tokens(conditions, caption_mask, image_prompt=True)
+        negative = negative_mask = None
+        if self.negative_prompt is not None and cfg_scale != 1:
+            negative, negative_mask = self._tokens(self.negative_prompt, None, image_prompt=False)
+            if negative.shape[0] == 1:
+                negative, negative_mask = negative.expand(ids.shape[0], -1), negative_mask.expand(ids.shape[0], -1)
+        prompt = torch.zeros(ids.shape[0], 0, dtype=torch.long, device=self.target.device)
+        return prompt, dict(prompt_ids=ids, prompt_mask=mask, negative_prompt_ids=negative,
+                            negative_prompt_attention_mask=negative_mask, guidance_scale=cfg_scale, max_nodes=max_nodes)
 
-class Emu3Target:
-    """A core `Target` over a stock `Emu3ForConditionalGeneration`, for images of `height` x `width` latent tokens.
+    def _tokens(self, texts, mask: Tensor | None, image_prompt: bool) -> tuple[Tensor, Tensor]:
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(texts, Mapping):  # what a processor or tokenizer returns
+            texts, mask = texts["input_ids"], texts.get("attention_mask")
+        if isinstance(texts, Tensor):
+            return texts, torch.ones_like(texts) if mask is None else mask
+        if self.processor is None:
+            raise ValueError("conditions: text prompts need the model's Emu3Processor (or pass token ids [B, L])")
+        if not isinstance(texts, list | tuple) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"conditions: expected text prompts or token ids [B, L], got {type(texts).__name__}")
+        height, width, factor = self.target.height, self.target.width, self.processor.downsample_ratio
+        extra = dict(return_for_image_generation=True, ratio=f"{width}:{height}",  # asks for exactly height x width
+                     image_area=height * width * factor * factor) if image_prompt else {}
+        out = self.processor(text=list(texts), padding=True, padding_side="left", return_tensors="pt", **extra)
+        return out["input_ids"], out["attention_mask"]
 
-    Its prompt is all conditioning: the engine gets `input_ids` of shape [B, 0] and the model inputs `prompt_ids`
-    / `prompt_mask` (left-padded image-generation prompts), `negative_prompt_ids` / `negative_prompt_attention_mask`
-    (as HF's `generate`; None: the prompt's last token, as HF), `guidance_scale` and `max_nodes`. Tokens are
-    image-vocabulary ids; `vocab.model_ids` maps them to the model's. Compiled mode is not implemented: a
-    `static_plan` set by the engine is kept and the target runs eager (the same tokens)."""
+    def codebook(self) -> Tensor:
+        """[K, d]: the VQ codebook (`Emu3VQVAE`'s quantizer)."""
+        return self.emu3.model.vqmodel.quantize.embedding.weight.detach()
 
-    provides = frozenset({FEATURES})
-
-    def __init__(self, model: nn.Module, height: int, width: int, vocab: Emu3Vocabulary | None = None):
-        if type(model).__name__ != "Emu3ForConditionalGeneration":
-            raise ValueError(f"model: expected an Emu3ForConditionalGeneration, got {type(model).__name__}")
-        for name, value in (("height", height), ("width", width)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive number of latent tokens, got {value!r}")
-        attention_backend(model)
-        check_position_scheme(model, "target")
-        self.model, self.owner = model, model
-        self.vocab = vocab or Emu3Vocabulary.of(model)
-        self.height, self.width = height, width
-        self.grid_size = width + 1  # tokens per latent row (end-of-line included): Jacobi's `repeat_up` stride
-        self.tokens_per_image = (width + 1) * height + 3  # rows, then EOF, EOI, EOS (as `generate` writes them)
-        self.vocab_size = self.vocab.size
-        self.device = model_device(model)
-        self.model_ids = self.vocab.model_ids.to(self.device)
-        self.static_plan: StaticPlan | None = None
-        self.last_logits: Tensor | None = None  # [B, T, V] processed scores of the last verify (Jacobi reads them)
-        self.runner: ModelRunner | None = None
-        self.needs: frozenset[str] = frozenset()
-
-    # ------------------------------------------------------------------ setup
-    def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
-        unknown = set(needs) - self.provides
-        if unknown:
-            raise ValueError(f"drafter: needs {sorted(unknown)} which Emu3Target does not provide")
-        self.close()
-        self.needs, self.batch, self.last_logits = frozenset(needs), batch, None
-
-    def check_model_inputs(self, model_inputs: dict) -> None:
-        unknown = sorted(set(model_inputs) - set(CONDITIONING))
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)}: not an input of Emu3Target (takes {', '.join(CONDITIONING)})")
-        if model_inputs.get("prompt_ids") is None:
-            raise ValueError("prompt_ids: Emu3Target needs the image-generation prompts as `prompt_ids`")
+    def image_tokens(self, sequences: Tensor) -> Tensor:
+        return sequences[:, : self.tokens_per_image]
 
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor, prompt_ids: Tensor | None = None,
-                prompt_mask: Tensor | None = None, negative_prompt_ids: Tensor | None = None,
-                negative_prompt_attention_mask: Tensor | None = None, guidance_scale: float | None = None,
-                max_nodes: int = 64) -> PrefillOutput:
-        """Prefill the prompts of both guidance halves; returns the processed scores [B, V] of image token 0 as
-        `next_logits` and the features [B, 1, F] of the prompt's last position."""
-        if input_ids.shape[1] != 0 or prompt_ids is None:
-            raise ValueError("input_ids: Emu3Target takes an empty [B, 0] prompt plus `prompt_ids`")
-        prompt, prompt_mask = self._check_prompt(prompt_ids, prompt_mask, "prompt_ids", "prompt_mask")
-        self.guided = guidance_scale is not None and guidance_scale != 1
-        self.guidance_scale = float(guidance_scale) if self.guided else 1.0
-        self.cfg_tensor = torch.tensor(self.guidance_scale, device=self.device)  # the drafter's guidance
-        self.max_nodes = max_nodes
-        ids, valid, positions = [prompt], [prompt_mask], [(prompt_mask.cumsum(1) - 1).clamp_min(0)]
-        if self.guided:  # HF's unconditional forward: no position ids, so pads count as positions
-            if negative_prompt_ids is None:
-                negative_prompt_ids = prompt[:, -1:]
-            negative, negative_mask = self._check_prompt(negative_prompt_ids, negative_prompt_attention_mask,
-                                                         "negative_prompt_ids", "negative_prompt_attention_mask",
-                                                         image_prompt=False)
-            ids.append(negative)
-            valid.append(negative_mask)
-            positions.append(torch.arange(negative.shape[1], device=self.device).expand_as(negative))
-        width = max(x.shape[1] for x in ids)
-        ids, valid, positions = (torch.cat([nn.functional.pad(x, (width - x.shape[1], 0)) for x in xs])
-                                 for xs in (ids, valid, positions))
-        capture = final_norm(self.model) if FEATURES in self.needs else None
-        self.runner = ModelRunner(self.model, ids.shape[0], capture=capture)
-        out = self.runner.extend(valid.bool(), positions, input_ids=ids, logits_to_keep=1)
-        # position of image token 0 per cache row: after the valid prompt (cond), after the padded one (uncond)
-        starts = [prompt_mask.sum(1)] + ([torch.full_like(prompt_mask[:, 0], negative.shape[1])] if self.guided else [])
-        self.first_position = torch.cat(starts)  # [R]
-        self.lengths = torch.zeros(self.batch, dtype=torch.long, device=self.device)  # [B] committed image tokens
-        scores = self._scores(out.logits, self.lengths[:, None] + 1)[:, 0]  # offset 1: image token 0
-        features = self._pack(self.runner.captured[:, -1:]) if capture is not None else None
-        return PrefillOutput(features=features, next_logits=scores)
+    def decode(self, tokens: Tensor) -> list[Image.Image]:
+        """Codes [B, H*W] -> PIL images: the model's own `decode_image_tokens` (Emu3VQVAE) on the sequence
+        `generate` would return, then the processor's `postprocess` (or [-1, 1] pixels to bytes without one)."""
+        target = self.target
+        pixels = self.emu3.decode_image_tokens(image_tokens=target.sequences(tokens), height=target.height,
+                                               width=target.width)
+        if self.processor is None:
+            return to_pil(pixels)
+        return self.processor.postprocess(list(pixels.float()), return_tensors="PIL.Image.Image")["pixel_values"]
 
-    def _check_prompt(self, ids: Tensor, mask: Tensor | None, name: str, mask_name: str,
-                      image_prompt: bool = True) -> tuple[Tensor, Tensor]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != self.batch or ids.shape[1] == 0:
-            shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-            raise ValueError(f"{name}: expected a [{self.batch}, L] tensor of token ids, got {shape}")
-        mask = torch.ones_like(ids) if mask is None else mask
-        if not isinstance(mask, Tensor) or mask.shape != ids.shape or not bool(mask[:, -1].bool().all()):
-            raise ValueError(f"{mask_name}: expected the shape of {name} with ones in the last column (left padding)")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.model.config.get_text_config().vocab_size:
-            raise ValueError(f"{name}: token ids outside the model's vocabulary")
-        if image_prompt:
-            for row, (tokens, keep) in enumerate(zip(ids.tolist(), mask.bool().tolist())):
-                size = self.vocab.image_size([t for t, k in zip(tokens, keep) if k])
-                if size != (self.height, self.width):
-                    raise ValueError(f"{name}: row {row} asks for a {size[0]}x{size[1]} image, this target makes "
-                                     f"{self.height}x{self.width}")
-        return ids.to(self.device).long(), mask.to(self.device).long()
 
-    def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
-            self.runner = None
+def generate_size(ratio: str, image_area: int, downsample: int) -> tuple[int, int]:
+    """Latent (height, width) for a "W:H" ratio and a pixel area, as `Emu3Processor.calculate_generate_size`."""
+    width, height = map(int, ratio.split(":"))
+    scale = (image_area / (width * height)) ** 0.5
+    return int(round(height * scale / downsample)), int(round(width * scale / downsample))
 
-    # ------------------------------------------------------------------ rounds
-    def _rows(self, x: Tensor) -> Tensor:
-        """Per-row values [B, ...] -> cache rows [R, ...] (both guidance halves)."""
-        return torch.cat([x, x]) if self.guided else x
 
-    def _pack(self, features: Tensor) -> Tensor:
-        """[R, n, d] -> [B, n, F]: cond and uncond features side by side (F = 2d when guided)."""
-        return torch.cat(features.chunk(2), -1) if self.guided else features
-
-    def _scores(self, logits: Tensor, offset: Tensor) -> Tensor:
-        """Model logits [R, n, V_model] -> processed scores [B, n, K + 5] of the tokens at `offset` [B, n]:
-        guidance on log-softmaxed halves (cond as a float32 copy, as `generate`), then the prefix constraint."""
-        batch = offset.shape[0]
-        scores = logits[:batch].float()
-        if self.guided:
-            cond, uncond = scores.log_softmax(-1), logits[batch:].log_softmax(-1)
-            scores = self.guidance_scale * (cond - uncond) + uncond
-        scores = scores[..., self.model_ids]
-        return constrain(scores, allowed_tokens(offset, self.height, self.width, self.vocab))
-
-    def _forward(self, tokens: Tensor, depth: Tensor, ancestors: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Run nodes [B, T] at image index lengths + depth over both halves -> scores [B, T, V] (and features)."""
-        index = self.lengths[:, None] + depth  # [B, T]
-        positions = self.first_position[:, None] + self._rows(index)
-        out = self.runner.forward(positions, self._rows(ancestors), input_ids=self._rows(self.model_ids[tokens]))
-        features = self._pack(self.runner.captured) if FEATURES in self.needs else None
-        return self._scores(out.logits, index + 2), features  # logits after index j predict offset j + 2
-
-    @torch.no_grad()
-    def verify(self, tree: DraftTree) -> TargetOutput:
-        """Run every node after each row's committed tokens; logits[:, i] scores the token after node i."""
-        scores, features = self._forward(tree.tokens, tree.depth, tree.ancestors)
-        self.last_logits = scores
-        return TargetOutput(logits=scores, features=features)
-
-    @torch.no_grad()
-    def decode(self, token: Tensor, sampling: SamplingConfig, noise: Tensor | None) -> tuple[Tensor, Tensor]:
-        """One plain decoding step: run token [B], commit it, draw the next with `noise` [B, V] (Exp(1) draws; None
-        when greedy). Returns the scores [B, V] and the next token [B]."""
-        zeros = torch.zeros_like(token)[:, None]
-        scores, _ = self._forward(token[:, None], zeros, torch.ones_like(zeros, dtype=torch.bool)[:, :, None])
-        self.commit(zeros, torch.ones_like(token))
-        scores = scores[:, 0]
-        if sampling.greedy:
-            return scores, scores.argmax(-1)
-        return scores, sample_with_noise(process_logits(scores, sampling), noise)
-
-    def commit(self, path: Tensor, counts: Tensor) -> None:
-        """Keep nodes `path[b, :counts[b]]` of the last forward on both halves."""
-        self.runner.cache.commit(self._rows(path), self._rows(counts))
-        self.lengths = self.lengths + counts
-
-    def select_rows(self, rows: Tensor) -> None:
-        kept = torch.cat([rows, rows + self.batch]) if self.guided else rows
-        self.runner.cache.select_rows(kept)
-        self.first_position = self.first_position[kept]
-        self.lengths = self.lengths[rows]
-        self.batch = rows.numel()
-        if self.last_logits is not None:
-            self.last_logits = self.last_logits[rows]
+register_image_model("Emu3ForConditionalGeneration", lambda model, processor: Emu3ImageModel(model, processor))
