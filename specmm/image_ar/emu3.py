@@ -62,6 +62,8 @@ class Emu3ImageModel:
 
     def __init__(self, model: nn.Module, processor=None, height: int | None = None, width: int | None = None,
                  negative_prompt: str | Tensor | None = None):
+        if type(model).__name__ != "Emu3ForConditionalGeneration":
+            raise ValueError(f"model: expected an Emu3ForConditionalGeneration, got {type(model).__name__}")
         if (height is None) != (width is None):
             raise ValueError("height, width: give both latent sizes or neither (the processor's default)")
         if height is None:
