@@ -73,6 +73,10 @@ def _round_split(sampler, classes: list[int], batch_size: int, sampling: dict, d
 
 
 def bench_image_ar(args) -> int:
+    if args.model:  # a stock generator folder (Janus-Pro) against its own generate
+        from specmm.bench.image_stock import bench_stock_images
+
+        return bench_stock_images(args)
     from specmm import zoo
     from specmm.image_ar.compiled import compile_failures
     from specmm.image_ar.images import image_grid
@@ -198,8 +202,13 @@ def _key(method: str, compiled: bool, batch_size: int) -> str:
 
 
 def add_parser(bsub) -> None:
-    p = bsub.add_parser("image_ar", help="AR vs exact SD / SJD / LANTERN / LANTERN++ / GSD on zoo imagegen")
+    p = bsub.add_parser("image_ar", help="AR vs exact SD / SJD / LANTERN / LANTERN++ / GSD on zoo imagegen, or a "
+                                          "stock generator folder (--model DIR, e.g. Janus-Pro) against its generate")
     p.add_argument("--scale", default="cpu")
+    p.add_argument("--model", help="stock image generator folder (model + processor): bench against its own generate")
+    p.add_argument("--prompts", help="with --model: text file, one prompt per line (default: four built-in prompts)")
+    p.add_argument("--repeats", type=int, default=1, help="with --model: timed runs per method (median)")
+    p.add_argument("--dtype", default="float32", help="with --model: weights dtype")
     p.add_argument("--methods", help="comma-separated, starting with ar (default: ar,exact,sjd,lantern,lantern++,gsd)")
     p.add_argument("--images", type=int, default=40, help="images per method and batch size")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])

@@ -1,4 +1,5 @@
-"""`specmm sample-images`: class-conditional sampling to PNGs and a grid, with a progress bar and resume.
+"""`specmm sample-images`: class-conditional sampling (LlamaGen checkpoints) or text-to-image sampling (a stock
+generator folder such as Janus-Pro, `--model DIR --prompts FILE`) to PNGs and a grid, with a progress bar and resume.
 
 The output folder is a job (`specmm.jobs`): `job.json` records what changes the images (method, its knobs,
 seed, sampling, model fingerprints), `job.lock` refuses a second concurrent run, every PNG, the grid and
@@ -18,19 +19,23 @@ from tqdm.auto import tqdm
 from specmm.cli.common import (
     default_device,
     device_arg,
+    dtype_arg,
     float_range,
     input_file,
     int_range,
     loading,
+    model_folder,
     nonnegative_int,
     positive_int,
     probability,
+    read_text_lines,
     temperature_arg,
 )
 
 logger = logging.getLogger(__name__)
 
-OWNED = ("class*.png", "grid.png", "summary.json")  # what an image job writes (and --force deletes)
+OWNED = ("class*.png", "prompt*.png", "grid.png", "summary.json")  # what an image job writes (and --force deletes)
+LLAMAGEN_ARGS = ("gpt_ckpt", "vq_ckpt", "gpt_config", "classes")
 
 
 def parse_classes(text: str, num_classes: int) -> list[int]:
@@ -46,8 +51,9 @@ def parse_classes(text: str, num_classes: int) -> list[int]:
     return classes
 
 
-def image_path(out: Path, label: int, index: int) -> Path:
-    return out / f"class{label:04d}_{index:03d}.png"
+def image_path(out: Path, label: int, index: int, prefix: str = "class") -> Path:
+    """`class0001_000.png` (class 1, image 0), or `prompt0001_000.png` (prompt line 1) for text prompts."""
+    return out / f"{prefix}{label:04d}_{index:03d}.png"
 
 
 def image_seed(seed: int, label: int, index: int) -> int:
@@ -70,12 +76,13 @@ def readable_png(path: Path) -> bool:
         return False
 
 
-def plan_job(out: Path, classes: list[int], per_class: int, batch_size: int) -> tuple[list, list]:
+def plan_job(out: Path, classes: list[int], per_class: int, batch_size: int,
+             prefix: str = "class") -> tuple[list, list]:
     """(every (class, index) of the job, the batches to run: fixed slices of that list of `batch_size` items,
     those holding an image without a readable PNG in `out`)."""
     jobs = [(c, i) for c in classes for i in range(per_class)]
     batches = [jobs[start: start + batch_size] for start in range(0, len(jobs), batch_size)]
-    return jobs, [b for b in batches if not all(readable_png(image_path(out, *job)) for job in b)]
+    return jobs, [b for b in batches if not all(readable_png(image_path(out, *job, prefix)) for job in b)]
 
 
 def image_job(args, kind: str, settings: dict):
@@ -86,14 +93,14 @@ def image_job(args, kind: str, settings: dict):
     return Job(out, kind, settings, resume=args.resume, force=args.force, folder=True, owned=OWNED, argument="--out")
 
 
-def save_batch(out: Path, batch: list, images) -> int:
+def save_batch(out: Path, batch: list, images, prefix: str = "class") -> int:
     """Write a batch's PNGs atomically, skipping those already complete (a re-run batch of a resumed job); returns
     how many were written."""
     from specmm.jobs import atomic_save_image
 
     written = 0
     for job, image in zip(batch, images):
-        path = image_path(out, *job)
+        path = image_path(out, *job, prefix)
         if not readable_png(path):
             atomic_save_image(image, path)
             written += 1
@@ -101,50 +108,107 @@ def save_batch(out: Path, batch: list, images) -> int:
 
 
 def cmd_sample_images(args) -> int:
-    from specmm.image_ar import ImageDrafter, LlamaGen
+    from specmm.image_ar import ImageDrafter
     from specmm.image_ar.methods import NEEDS_DRAFTER, make_sampler
-    from specmm.jobs import fingerprint
-    from specmm.jobs.shards import Processes, process_device, shared_job
+    from specmm.jobs.shards import process_device
 
-    out = Path(args.out)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
-    for argument in ("--gpt-ckpt", "--vq-ckpt"):
-        input_file(argument, getattr(args, argument[2:].replace("-", "_")))
+    stock = check_source(args)
     if args.method in NEEDS_DRAFTER and not args.drafter:
         raise ValueError(f"--drafter: method {args.method!r} needs a trained image drafter (--drafter DIR)")
-    with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
-        lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
-                                      image_size=args.image_size).to(device)
-    classes = parse_classes(args.classes, lg.config.num_classes)
+    model, labels, conditions, settings = (load_stock(args, device) if stock else load_llamagen(args, device))
     drafter = None
     if args.drafter:
         with loading("--drafter", args.drafter, "image drafter"):
-            drafter = ImageDrafter.from_pretrained(args.drafter, lg.gpt)
-    sampler = make_sampler(lg, args.method, drafter, delta=args.delta, lam=args.lam, compile=args.compile)
-    settings = {"method": args.method, "seed": args.seed, "cfg_scale": args.cfg_scale,
-                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                "gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "image_size": lg.image_size,
-                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+            drafter = ImageDrafter.from_pretrained(args.drafter, model if stock else model.gpt)
+    sampler = make_sampler(model, args.method, drafter, delta=args.delta, lam=args.lam, compile=args.compile)
+    settings.update({"method": args.method, "seed": args.seed, "cfg_scale": args.cfg_scale,
+                     "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p})
     if args.method == "lantern":
         settings["delta"] = args.delta
     if args.method == "lantern++":
         settings["lam"] = args.lam
     if drafter is not None and args.method in ("exact", "lantern", "lantern++"):
+        from specmm.jobs import fingerprint
+
         settings["drafter"] = fingerprint(args.drafter)
+    run_image_job(args, sampler, labels, conditions, settings, "prompt" if stock else "class", device)
+    return 0
+
+
+def check_source(args) -> bool:
+    """True for a stock generator folder (`--model` + `--prompts`), False for LlamaGen checkpoints (+ `--classes`);
+    a ValueError for a mix or a half."""
+    if args.model is not None:
+        mixed = [f"--{name.replace('_', '-')}" for name in LLAMAGEN_ARGS if getattr(args, name) is not None]
+        if mixed:
+            raise ValueError(f"--model: a stock generator folder takes --prompts, not {', '.join(mixed)}")
+        if args.prompts is None:
+            raise ValueError("--prompts: --model needs a text file with one prompt per line")
+        return True
+    missing = [f"--{name.replace('_', '-')}" for name in LLAMAGEN_ARGS if getattr(args, name) is None]
+    if missing:
+        raise ValueError(f"{missing[0]}: required for LlamaGen checkpoints (or give --model DIR --prompts FILE for "
+                         "a stock generator such as Janus-Pro)")
+    if args.prompts is not None:
+        raise ValueError("--prompts: text prompts go with --model DIR; LlamaGen checkpoints take --classes")
+    return False
+
+
+def load_llamagen(args, device):
+    """(LlamaGen, class ids, class id of each label, job settings) from upstream checkpoints."""
+    from specmm.image_ar import LlamaGen
+    from specmm.jobs import fingerprint
+
+    for argument in ("--gpt-ckpt", "--vq-ckpt"):
+        input_file(argument, getattr(args, argument[2:].replace("-", "_")))
+    with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
+        lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
+                                      image_size=args.image_size).to(device)
+    classes = parse_classes(args.classes, lg.config.num_classes)
+    settings = {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "image_size": lg.image_size,
+                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+    return lg, classes, lambda labels: torch.tensor(labels), settings
+
+
+def load_stock(args, device):
+    """(the folder's ImageModel, prompt line indices, prompts of each batch, job settings) from a folder saved with
+    `save_pretrained` (model and processor)."""
+    from specmm.image_ar.models import image_model_for, load_pretrained
+    from specmm.jobs import fingerprint
+    from specmm.jobs.content import text_key
+
+    folder = model_folder("--model", args.model)
+    prompts = read_text_lines("--prompts", args.prompts)
+    if not prompts:
+        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    with loading("--model", folder):
+        model, processor = load_pretrained(folder, args.dtype, device)
+    image_model = image_model_for(model, processor)  # ValueError naming the class when it is no image generator
+    settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts], "dtype": str(args.dtype)}
+    return image_model, list(range(len(prompts))), lambda labels: [prompts[i] for i in labels], settings
+
+
+def run_image_job(args, sampler, labels: list[int], conditions, settings: dict, prefix: str, device) -> None:
+    """Sample every (label, index) image of the job in fixed batches (resume: only batches missing a PNG), then
+    write the grid and summary.json."""
+    from specmm.jobs.shards import Processes, shared_job
+
+    out = Path(args.out)
     processes = Processes(cpu=device.type == "cpu")
     with shared_job(image_job(args, "sample-images", settings), processes):
         # the plan of the main process (what is on disk before anyone writes), the same on every process
-        jobs, todo = processes.share(plan_job(out, classes, args.per_class, args.batch_size)
+        jobs, todo = processes.share(plan_job(out, labels, args.per_class, args.batch_size, prefix)
                                      if processes.is_main else None)
         forwards = tokens = written = 0
-        with ImagesBar(out, sum(len(b) for b in todo), f"sample-images {args.method}", processes) as bar:
+        with ImagesBar(out, sum(len(b) for b in todo), f"sample-images {args.method}", processes, prefix) as bar:
             for batch in processes.my_share(todo):
                 generators = [torch.Generator(device=device).manual_seed(image_seed(args.seed, c, i))
                               for c, i in batch]
-                res = sampler.sample(torch.tensor([c for c, _ in batch]), cfg_scale=args.cfg_scale,
+                res = sampler.sample(conditions([c for c, _ in batch]), cfg_scale=args.cfg_scale,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      generator=generators)
-                written += save_batch(out, batch, res.images)
+                written += save_batch(out, batch, res.images, prefix)
                 forwards += res.stats.row_forwards
                 tokens += res.stats.new_tokens
                 bar.advance(len(batch))
@@ -153,21 +217,21 @@ def cmd_sample_images(args) -> int:
         summary = {"method": args.method, "settings": settings, "images": len(jobs), "sampled_now": written,
                    "step_compression_now": tokens / forwards if forwards else None}
         if processes.is_main:
-            finish_job(out, [image_path(out, *j) for j in jobs], args.per_class, summary, "step_compression_now")
-    return 0
+            finish_job(out, [image_path(out, *j, prefix) for j in jobs], args.per_class, summary,
+                       "step_compression_now")
 
 
 class ImagesBar:
     """The main process's progress bar over the whole job: with several processes it counts the class images in
     the folder (every process writes there), else this process's own."""
 
-    def __init__(self, out: Path, total: int, desc: str, processes):
-        self.out, self.processes = out, processes
+    def __init__(self, out: Path, total: int, desc: str, processes, prefix: str = "class"):
+        self.out, self.processes, self.prefix = out, processes, prefix
         self.start = self._count()
         self.bar = tqdm(total=total, desc=desc, unit="img", disable=not processes.is_main)
 
     def _count(self) -> int:
-        return sum(1 for _ in self.out.glob("class*.png")) if self.processes.size > 1 else 0
+        return sum(1 for _ in self.out.glob(f"{self.prefix}*.png")) if self.processes.size > 1 else 0
 
     def advance(self, images: int) -> None:
         step = images if self.processes.size == 1 else max(self._count() - self.start - self.bar.n, 0)
@@ -199,15 +263,19 @@ def finish_job(out: Path, images: list[Path], columns: int, summary: dict, per_f
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sample-images", help="sample class-conditional images from LlamaGen checkpoints")
-    p.add_argument("--gpt-ckpt", required=True, help="upstream LlamaGen GPT .pt ({'model': state_dict})")
-    p.add_argument("--vq-ckpt", required=True, help="upstream LlamaGen VQ .pt")
-    p.add_argument("--gpt-config", required=True, help="preset (GPT-B, GPT-L, ...) or JSON file")
+    p = sub.add_parser("sample-images", help="sample images: class-conditional from LlamaGen checkpoints, or from text "
+                                             "prompts with a stock generator folder (Janus-Pro: --model --prompts)")
+    p.add_argument("--model", help="stock image generator folder (save_pretrained: model + processor), e.g. Janus-Pro")
+    p.add_argument("--prompts", help="with --model: text file, one prompt per line (images named promptNNNN_MMM.png)")
+    p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="with --model: weights dtype")
+    p.add_argument("--gpt-ckpt", help="upstream LlamaGen GPT .pt ({'model': state_dict})")
+    p.add_argument("--vq-ckpt", help="upstream LlamaGen VQ .pt")
+    p.add_argument("--gpt-config", help="preset (GPT-B, GPT-L, ...) or JSON file")
     p.add_argument("--vq-config", default="VQ-16", help="preset (VQ-16, VQ-8) or JSON file")
     p.add_argument("--image-size", type=positive_int,
                    help="pixels (default and only valid value: the GPT's token grid x the VQ downsample)")
-    p.add_argument("--classes", required=True, help="comma-separated class ids, e.g. 1,2")
-    p.add_argument("--per-class", type=int_range(1, 1000), default=4, help="images per class (1..1000)")
+    p.add_argument("--classes", help="LlamaGen: comma-separated class ids, e.g. 1,2")
+    p.add_argument("--per-class", type=int_range(1, 1000), default=4, help="images per class or prompt (1..1000)")
     p.add_argument("--method", default="sjd", choices=["ar", "exact", "sjd", "lantern", "lantern++", "gsd"])
     p.add_argument("--drafter", help="image drafter folder (needed by lantern and lantern++)")
     p.add_argument("--delta", type=float_range(0.0, 1.0), default=0.1, help="LANTERN TV budget in [0, 1]")

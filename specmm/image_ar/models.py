@@ -79,6 +79,22 @@ def image_model_for(model: Any, processor: Any = None) -> ImageModel:
     return _BUILDERS[name](model, processor)
 
 
+def load_pretrained(folder, dtype=None, device=None) -> tuple[nn.Module, Any]:
+    """(model, processor) from a folder saved with `save_pretrained`: the class its config.json names (a stock
+    transformers class), and `AutoProcessor`."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    name = (getattr(config, "architectures", None) or [""])[0]
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        raise ValueError(f"model: {folder}/config.json names no transformers class ({name!r})")
+    model = cls.from_pretrained(folder, dtype=dtype).eval()
+    if device is not None:
+        model = model.to(device)
+    return model, transformers.AutoProcessor.from_pretrained(folder)
+
+
 def _load_builtin() -> None:
     """Import the adapters shipped with specmm (each registers itself); missing optional ones are skipped."""
     import importlib
@@ -91,4 +107,4 @@ def _load_builtin() -> None:
                 raise
 
 
-__all__ = ["ImageModel", "image_model_for", "register_image_model", "supported_models"]
+__all__ = ["ImageModel", "image_model_for", "load_pretrained", "register_image_model", "supported_models"]

@@ -80,6 +80,8 @@ class ImageSampler:
         self.cfg_interval = cfg_interval
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")
+        if compile and not getattr(self.model, "compiles", False):
+            raise ValueError(f"compile: the compiled fast path covers LlamaGen; {type(self.model).__name__} runs eager")
         self.compile = compile
         self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
 

@@ -68,3 +68,19 @@ def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tm
     assert all(r["speedup_vs_best_ar"] == r["speedup"] / best["speedup"] for r in rows.values())
     assert set(rows["sjd, compiled (bs 2)"]["round_ms"]) == {"draft", "verify", "accept_commit", "other"}
     assert rows["ar, compiled (bs 2)"]["round_ms"] == {}
+
+
+def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, capsys):
+    from tests.image_ar.stock import janus_processor, tiny_janus
+
+    folder, out = tmp_path / "janus", tmp_path / "bench"
+    tiny_janus(dtype=__import__("torch").float32).save_pretrained(folder)
+    janus_processor().save_pretrained(folder)
+    assert main(["bench", "image_ar", "--model", str(folder), "--batch-sizes", "2", "--window", "4",
+                 "--cfg-scale", "3", "--out", str(out), "--name", "j"]) == 0
+    report = json.loads((out / "j.json").read_text())
+    rows = {r["method"].split(" ")[0]: r for r in report["rows"]}
+    assert list(rows) == ["hf", "ar", "exact", "sjd", "gsd"] and rows["hf"]["baseline"]
+    assert all(rows[m]["matched"] for m in ("ar", "exact", "sjd"))  # greedy tokens equal HF generate's
+    assert all(r["mean_accepted"] >= 1.0 and r["median_s"] > 0 for r in report["rows"])
+    assert any("meaningless" in note for note in report["notes"]) and "meaningless" in capsys.readouterr().out

@@ -16,6 +16,8 @@ from specmm.image_ar.target import GuidedTarget
 class LlamaGenImageModel:
     """The `ImageModel` of a LlamaGen (specmm's own implementation loading upstream checkpoints)."""
 
+    compiles = True  # its target and parts have the compiled fast path (`ImageSampler(compile=True)`)
+
     def __init__(self, lg: LlamaGen):
         self.lg, self.target, self.lm = lg, GuidedTarget(lg.gpt), lg.gpt
         self.tokens_per_image = lg.config.block_size

@@ -1,0 +1,92 @@
+"""`specmm bench image_ar --model DIR`: a stock image generator folder (Janus-Pro) against its own `generate`.
+
+One process, the same prompts, greedy decoding (T=0) so every row's tokens can be compared with HF's: HF's image
+`generate` is the reference row; specmm's AR, exact SD and SJD (Jacobi windows) and GSD run through
+`ImageSampler.for_model`. Columns: step compression (image tokens per target forward) and latency against HF's own
+loop at the same shapes (`overhead efficiency` = speedup over HF / step compression: specmm's per-step cost relative
+to HF's, 1.0 meaning none).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.machine import machine_info
+
+STOCK_METHODS = ("ar", "exact", "sjd", "gsd")  # lantern(++) need a trained drafter
+DEFAULT_PROMPTS = ["a red cat on the mat", "a blue dog under the big tree", "green sky", "a small tree"]
+RANDOM_WEIGHTS = ("Acceptance depends on the weights: on a tiny random model (as in the tests) step compression is "
+                  "meaningless; only the latency columns (specmm's per-step overhead against HF's loop) mean "
+                  "something there. Run a real checkpoint for acceptance figures.")
+
+
+def bench_stock_images(args) -> int:
+    from specmm.image_ar import ImageSampler
+    from specmm.image_ar.methods import make_sampler
+    from specmm.image_ar.models import image_model_for, load_pretrained
+
+    methods = args.methods.split(",") if args.methods else list(STOCK_METHODS)
+    unknown = [m for m in methods if m not in STOCK_METHODS]
+    if unknown:
+        raise ValueError(f"--methods: with --model, comma-separated from {', '.join(STOCK_METHODS)}; got {args.methods!r}")
+    device = torch.device(args.device)
+    model, processor = load_pretrained(args.model, args.dtype, device)
+    image = image_model_for(model, processor)
+    prompts = DEFAULT_PROMPTS
+    if args.prompts:
+        prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    knobs = {"window": args.window, "gsd_window": args.gsd_window, "gsd_p_gap": args.gsd_gap,
+             "gsd_quantile": args.gsd_quantile}
+    rows = []
+    for batch_size in args.batch_sizes:
+        batch = [prompts[i % len(prompts)] for i in range(batch_size)]
+        inputs = processor(text=batch, generation_mode="image", padding=True, return_tensors="pt").to(device)
+
+        def hf_generate(inputs=inputs) -> RunResult:
+            tokens = model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=args.cfg_scale)
+            return RunResult(rows=tokens.tolist(), mean_accepted=1.0)
+
+        bench = [Method(f"hf generate (bs {batch_size})", hf_generate, baseline=True)]
+        for method in methods:
+            sampler: ImageSampler = make_sampler(image, method, **knobs)
+            bench.append(Method(f"{method} (bs {batch_size})", _runner(sampler, batch, args.cfg_scale)))
+        timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
+        rows += timed
+    text = model.config.get_text_config()
+    setup = {"model": f"{type(model).__name__} from {args.model}: {sum(p.numel() for p in model.parameters())} params, "
+             f"{text.num_hidden_layers} layers, {image.tokens_per_image} tokens per image, "
+             f"{image.target.vocab_size} codes", "prompts": len(prompts), "sampling": f"greedy, cfg {args.cfg_scale}",
+             "knobs": knobs, "device": str(device), "dtype": str(args.dtype)}
+    notes = [RANDOM_WEIGHTS,
+             "mean accepted = step compression: image tokens per target forward per row (the prompt prefill that gives "
+             "token 0 counts as a forward; HF generate and AR = 1.00).",
+             "speedup = HF generate's wall time / the method's at the same batch size (median of the repeats).",
+             "outputs match: greedy tokens equal HF generate's (exact SD, SJD and AR must; GSD is lossy).",
+             f"SJD and GSD use Jacobi windows of {args.window}."]
+    report = BenchReport(name=f"image_ar on {type(model).__name__} ({device.type})",
+                         command="specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]), rows=rows, setup=setup,
+                         notes=notes, machine=machine_info(device), created=time.strftime("%Y-%m-%d %H:%M:%S"))
+    print(report.table())
+    print(RANDOM_WEIGHTS)
+    json_path, md_path = report.write(args.out, args.name or f"image_ar-{type(model).__name__}-{device.type}")
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def _runner(sampler, prompts: list[str], cfg_scale: float):
+    def run() -> RunResult:
+        out = sampler.sample(prompts, cfg_scale=cfg_scale, temperature=0.0, decode=False)
+        return RunResult(rows=out.tokens.tolist(), mean_accepted=out.stats.step_compression, stats=out.stats)
+
+    return run
+
+
+__all__ = ["bench_stock_images"]
