@@ -258,3 +258,31 @@ def test_bad_emu3_inputs_raise_before_work(greedy_setup):
         ImageSampler(image_model, proposer="jacobi", window=4, cfg_interval=2).sample(prompt, cfg_scale=SCALE)
     with pytest.raises(ValueError, match="Emu3ForConditionalGeneration"):
         Emu3ImageModel(torch.nn.Linear(2, 2), height=HEIGHT, width=WIDTH)
+
+
+def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path, monkeypatch):
+    """`specmm sample-images --model DIR` on a saved tiny Emu3 and its processor writes the greedy images of
+    `ImageSampler.for_model`. A saved Emu3Processor keeps no generation size (its ratio and image area are class
+    defaults, 90x90 latents), so the test sets the class defaults to 2x3."""
+    import numpy as np
+    from PIL import Image
+
+    from specmm.cli import main
+
+    model = greedy_setup[0].emu3
+    processor = tiny_processor(model)
+    folder, out, prompts = tmp_path / "emu3", tmp_path / "images", tmp_path / "prompts.txt"
+    model.to(torch.float32).save_pretrained(folder)
+    model.to(torch.float64)
+    processor.save_pretrained(folder)
+    prompts.write_text("abc\ndefgh\n")
+    monkeypatch.setattr(Emu3Processor, "ratio", processor.ratio)
+    monkeypatch.setattr(Emu3Processor, "image_area", processor.image_area)
+    assert main(["sample-images", "--model", str(folder), "--prompts", str(prompts), "--method", "sjd",
+                 "--per-class", "1", "--cfg-scale", str(SCALE), "--temperature", "0", "--out", str(out)]) == 0
+    assert (out / "grid.png").is_file()
+    expected = ImageSampler.for_model(model.to(torch.float32), processor, window=4).sample(
+        ["abc", "defgh"], cfg_scale=SCALE, temperature=0.0).images
+    model.to(torch.float64)
+    for i, image in enumerate(expected):
+        assert np.array_equal(np.asarray(Image.open(out / f"prompt{i:04d}_000.png")), np.asarray(image))
