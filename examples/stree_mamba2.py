@@ -1,5 +1,6 @@
-"""STree: a whole draft tree verified in one forward of a stock Mamba2 (or Bamba / NemotronH / Zamba2 hybrid), the
-accepted node's states committed in closed form; greedy output equals the model's own `generate`.
+"""STree: a whole draft tree verified in one forward of a stock Mamba2 (or Bamba / NemotronH / Zamba2 / Falcon-H1 /
+GraniteMoeHybrid hybrid), the accepted node's states committed in closed form; greedy output equals the model's
+own `generate`.
 
     python examples/stree_mamba2.py --target path/to/mamba2 --draft path/to/small-lm
     python examples/stree_mamba2.py --tiny

@@ -20,9 +20,9 @@ MODALITIES = ("vlm", "image_ar", "ssm", "diffusion_lm", "reasoning")
 # Same names as `specmm.ssm.target.SUPPORTED_MODELS + STATEFUL_MODELS` (a test keeps them equal): supported
 # Mamba2/hybrid classes get the SSM adapter, other stateful ones its clear error instead of the text adapter.
 SSM_MODEL_CLASSES = frozenset({
-    "Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM",
-    "MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM", "ZambaForCausalLM", "FalconH1ForCausalLM",
-    "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM",
+    "Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM", "FalconH1ForCausalLM",
+    "GraniteMoeHybridForCausalLM",
+    "MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM", "ZambaForCausalLM", "Qwen3NextForCausalLM",
 })
 
 

@@ -1,4 +1,5 @@
-"""Target adapter for stock HF Mamba2 and hybrid SSM/attention causal LMs (Mamba2, Bamba, NemotronH, Zamba2).
+"""Target adapter for stock HF Mamba2 and hybrid SSM/attention causal LMs (Mamba2, Bamba, NemotronH, Zamba2,
+Falcon-H1, GraniteMoeHybrid).
 
 The model runs unmodified except that, for the length of one forward, each Mamba2 mixer's `forward` is
 swapped for the tree mixer (`tree_scan.tree_mixer_forward`), which reads this adapter's own conv/SSM state
@@ -34,11 +35,13 @@ from specmm.core.tree import DraftTree
 from specmm.ssm.steps import TreeSteps, tree_steps
 from specmm.ssm.tree_scan import TreeRecord, chain_tree, is_mamba2_mixer, tree_attention
 
-SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM")
-STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM",
-                   "ZambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM")
+SUPPORTED_MODELS = ("Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM", "Zamba2ForCausalLM",
+                    "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM")
+STATEFUL_MODELS = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM", "ZambaForCausalLM",
+                   "Qwen3NextForCausalLM")
 LAYER_TYPES = {"linear_attention", "full_attention", "hybrid", "mlp", "moe"}
-ATTENTION_TYPES = ("full_attention", "hybrid")  # Zamba2 "hybrid" layers: shared attention block + Mamba2
+ATTENTION_TYPES = ("full_attention", "hybrid")  # "hybrid" layers: Zamba2's shared attention block + Mamba2,
+# Falcon-H1's attention and Mamba2 in parallel
 COMMIT_MODES = ("closed_form", "replay")
 
 

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-MIXER_CLASSES = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer")
+MIXER_CLASSES = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer", "FalconH1Mixer",
+                 "GraniteMoeHybridMambaLayer")
 
 
 @dataclass
@@ -93,6 +94,24 @@ def step_sizes(mixer: nn.Module, dt_raw: Tensor, dtype: torch.dtype) -> Tensor:
     return dt.clamp(min=low, max=high)
 
 
+def project_inputs(mixer: nn.Module, hidden: Tensor) -> Tensor:
+    """The mixer's input projection [B, n, D] -> [B, n, 2I + 2GN + H], with Falcon-H1's mup multipliers
+    (`ssm_in_multiplier` on the input, `mup_vector` per projected channel) where the mixer has them."""
+    in_multiplier = getattr(mixer, "ssm_in_multiplier", None)
+    if in_multiplier is not None:
+        hidden = hidden * in_multiplier
+    projected = mixer.in_proj(hidden)
+    mup_vector = getattr(mixer, "mup_vector", None)
+    return projected if mup_vector is None else projected * mup_vector
+
+
+def gated_output(mixer: nn.Module, y: Tensor, gate: Tensor) -> Tensor:
+    """The gated norm of the scan output [B, n, I]; Falcon-H1 without `mamba_rms_norm` gates with silu only."""
+    if getattr(mixer, "mamba_rms_norm", True):
+        return mixer.norm(y, gate)
+    return y * F.silu(gate)
+
+
 def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, conv_state: Tensor, ssm_state: Tensor,
                        scan_dtype: torch.dtype | None = None) -> tuple[Tensor, TreeRecord]:
     """Run every tree node through `mixer` after the committed states; returns (out [B, n, D], record).
@@ -104,7 +123,7 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     kernel, channels, inner = mixer.conv_kernel_size, mixer.conv_dim, mixer.intermediate_size
     acc = scan_dtype or torch.promote_types(hidden.dtype, torch.float32)
 
-    gate, xbc, dt_raw = mixer.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    gate, xbc, dt_raw = project_inputs(mixer, hidden).split([inner, channels, heads], dim=-1)
     # depthwise conv over each node's window: its ancestors, then the committed history
     sources = torch.cat([conv_state.transpose(1, 2).to(xbc.dtype), xbc], dim=1)  # [B, K+n, C]
     flat = layout.conv_index.reshape(batch, n * kernel, 1).expand(batch, n * kernel, channels)
@@ -130,7 +149,7 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * log_decay.exp()[..., None]  # [B, H, n, P]
     y = y + mixer.D.to(acc)[:, None, None] * x
 
-    y = mixer.norm(y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
+    y = gated_output(mixer, y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
     out = mixer.out_proj(y.to(hidden.dtype))
     record = TreeRecord(windows=windows, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
                         ssm_state=ssm_state, A=A)

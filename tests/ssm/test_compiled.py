@@ -20,7 +20,7 @@ from specmm.drafters import ModelDrafter
 from specmm.ssm.steps import tree_steps
 from tests.conftest import left_padded_batch
 from tests.core.test_compiled import counting_host_syncs
-from tests.ssm.conftest import ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
+from tests.ssm.conftest import COMPILED_ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
 from tests.ssm.test_generate import LENGTHS, NEW_TOKENS, TREES, greedy_case
 
 
@@ -56,7 +56,7 @@ def stops_at(reference: torch.Tensor, eos: int) -> list[int]:
     return lengths
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", COMPILED_ARCHS)
 def test_compiled_stree_greedy_equals_hf_generate_on_a_ragged_batch_with_eos(arch):
     """Rows that meet EOS stay in the compiled batch (static shapes) while the others run on, exactly."""
     target, draft, ids, mask, reference = greedy_case(arch)

@@ -1,9 +1,11 @@
 """End to end through SpeculativeGenerator: greedy tokens equal HF `generate`, sampling equals the target's law.
 
 Greedy: a batch of three prompts of different lengths (left-padded) must give, row by row, exactly the tokens
-of `model.generate(do_sample=False)` on the unpadded prompt, for Mamba2, Bamba, NemotronH and Zamba2, with chains,
+of `model.generate(do_sample=False)` on the unpadded prompt, for Mamba2, Bamba, NemotronH, Zamba2, Falcon-H1 and
+GraniteMoeHybrid, with chains,
 static and dynamic trees, and for the vanilla baseline (chain + replay rollback). Sampling: the joint law of
-the first three new tokens (vocabulary 8) passes a chi-square test against the exactly enumerated target law.
+the first three new tokens (vocabulary 8) passes a chi-square test against the exactly enumerated target law
+(Mamba2; Falcon-H1 and GraniteMoeHybrid on 8k samples, the suite's time).
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ SAMPLING = specmm.SamplingConfig(temperature=0.8)
 
 
 @functools.cache
-def sampling_models():
-    target = tiny_ssm("mamba2", vocab=SMALL_VOCAB, logit_scale=8.0)
+def sampling_models(arch: str = "mamba2"):
+    target = tiny_ssm(arch, vocab=SMALL_VOCAB, logit_scale=8.0)
     return target, aligned_drafter_model(target, residual_scale=3.0)
 
 
@@ -88,14 +90,15 @@ def exact_joint(model) -> torch.Tensor:
     return (first[:, None, None] * second[:, :, None] * third.view(v, v, v)).double().flatten()
 
 
-@pytest.mark.parametrize("tree", ["chain", "dynamic"])
-def test_sampled_tree_decoding_matches_the_target_distribution(tree):
-    target, draft = sampling_models()
+@pytest.mark.parametrize("arch, tree, samples", [("mamba2", "chain", SAMPLES), ("mamba2", "dynamic", SAMPLES),
+                                                 ("falcon_h1", "dynamic", 8_000), ("granite_hybrid", "chain", 8_000)])
+def test_sampled_tree_decoding_matches_the_target_distribution(arch, tree, samples):
+    target, draft = sampling_models(arch)
     spec = specmm.TreeSpec.chain(2) if tree == "chain" else specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=7)
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=spec)
     generator = torch.Generator().manual_seed(0)
     v, counts = SMALL_VOCAB, torch.zeros(SMALL_VOCAB ** 3, dtype=torch.long)
-    for _ in range(SAMPLES // CHUNK):
+    for _ in range(samples // CHUNK):
         out = gen.generate(PROMPT.expand(CHUNK, -1), max_new_tokens=3, sampling=SAMPLING, generator=generator)
         new = out.sequences[:, PROMPT.shape[1]:]
         counts += torch.bincount(new[:, 0] * v * v + new[:, 1] * v + new[:, 2], minlength=v ** 3)
@@ -108,7 +111,7 @@ def test_sampled_tree_decoding_matches_the_target_distribution(tree):
     keep = wanted > 0
     assert chisquare(observed[keep].numpy(), wanted[keep].numpy()).pvalue > 1e-3
     assert out.stats.mean_accepted > 1.1  # drafts were accepted, so the acceptance rule was exercised
-    report_acceptance(f"ssm sampled mamba2 {tree}", out.stats)
+    report_acceptance(f"ssm sampled {arch} {tree}", out.stats)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba"])

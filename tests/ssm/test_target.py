@@ -3,9 +3,13 @@
 HF's torch path computes the SSM scan in float32 even for float64 models (it calls `.float()` on x, B, C and
 A), so logits and SSM states are compared to HF within float32 rounding (1e-5); conv states are raw inputs
 and match to 1e-12 in the first mixer layer. The float64 exactness of the tree math itself is pinned in test_tree_scan.py (1e-10).
+For Falcon-H1 and GraniteMoeHybrid the whole model is also checked in float64: HF's forward of each path with only
+its mixers' scan swapped for the float64 recurrence (attention, MoE and every multiplier stay HF's), to 1e-8.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,15 +17,18 @@ import torch
 import specmm
 from specmm.core.tree import DraftTree
 from specmm.ssm import SSMTarget
+from specmm.ssm.tree_scan import is_mamba2_mixer
 from tests.ssm.conftest import (
     ARCHS,
     CHUNK,
     KERNEL,
+    NEW_HYBRIDS,
     VOCAB,
     depths_of,
     random_parents,
     tiny_ssm,
 )
+from tests.ssm.test_tree_scan import recurrent_reference
 
 PROMPT = torch.tensor([[5, 17, 3, 44, 9, 21, 8, 30, 2, 61, 12]])
 
@@ -77,6 +84,54 @@ def test_tree_logits_and_commits_match_hf_runs_of_each_path(arch, kind):
             torch.testing.assert_close(target.states.ssm[layer][0], ssm.to(torch.float64), rtol=0, atol=1e-5)
     if kind == "chain":
         assert max(depths_of(parents)) > CHUNK > KERNEL
+
+
+@contextmanager
+def float64_scans(model):
+    """For the `with` block, each Mamba2 mixer of `model` (batch 1, no cache) runs the float64 recurrence from zero
+    states instead of HF's float32 torch scan; yields {layer: (conv, ssm)}, the final states of the last forward."""
+    multipliers = getattr(model.config, "ssm_multipliers", None)  # Falcon-H1's mup multipliers
+    finals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def recurrent(mixer):
+        def forward(hidden_states, *args, **kwargs):
+            conv = hidden_states.new_zeros(mixer.conv_dim, KERNEL)
+            ssm = hidden_states.new_zeros(mixer.num_heads, mixer.head_dim, mixer.ssm_state_size)
+            out, *finals[mixer.layer_idx] = recurrent_reference(mixer, hidden_states[0], conv, ssm, multipliers)
+            return out[None]
+        return forward
+
+    mixers = [m for m in model.modules() if is_mamba2_mixer(m)]
+    try:
+        for mixer in mixers:
+            mixer.forward = recurrent(mixer)
+        yield finals
+    finally:
+        for mixer in mixers:
+            mixer.__dict__.pop("forward", None)
+
+
+@pytest.mark.parametrize("arch", NEW_HYBRIDS)
+def test_tree_logits_and_commits_equal_float64_path_forwards(arch):
+    model = tiny_ssm(arch)
+    gen = torch.Generator().manual_seed(5)
+    parents = random_parents(13, gen, "random")
+    tree = one_tree(parents, gen)
+    target = SSMTarget(model)
+    target.start(1)
+    with torch.no_grad():
+        target.prefill(PROMPT, torch.ones_like(PROMPT))
+        logits = target.verify(tree).logits  # [1, n, V]
+        with float64_scans(model) as finals:
+            for node in range(len(parents)):  # the last one leaves its path's states in `finals`
+                ids = torch.cat([PROMPT, tree.tokens[:, path_to(parents, node)]], 1)
+                torch.testing.assert_close(logits[0, node], model(ids).logits[0, -1], rtol=0, atol=1e-8)
+        path = torch.tensor([path_to(parents, len(parents) - 1)])
+        target.commit(path, torch.tensor([path.shape[1]]))
+    assert sorted(finals) == sorted(target.mixers) and path.shape[1] > 2
+    for layer, (conv, ssm) in finals.items():
+        torch.testing.assert_close(target.states.conv[layer][0], conv, rtol=0, atol=1e-12)
+        torch.testing.assert_close(target.states.ssm[layer][0], ssm, rtol=0, atol=1e-10)
 
 
 def test_hybrid_commit_keeps_the_accepted_attention_rows():

@@ -2,7 +2,9 @@
 
 The reference runs the Mamba2 recurrence token by token on the HF mixer's own weights, starting from random
 committed conv/SSM states; the tree pass (ancestor-masked quadratic form) must agree to 1e-10 for every
-node, and the closed-form commit / the replay commit must give the recurrence's final states.
+node, and the closed-form commit / the replay commit must give the recurrence's final states. For Falcon-H1 the
+reference applies the config's mup multipliers itself (input multiplier, one multiplier per projected segment) and
+gates with silu alone when the mixer has no gated RMS norm.
 """
 
 from __future__ import annotations
@@ -24,11 +26,22 @@ from tests.ssm.conftest import CHUNK, KERNEL, depths_of, random_parents, tiny_ss
 NODES = 14  # deeper than the conv kernel (4) and the scan chunk (8) for chains
 
 
-def recurrent_reference(mixer, hidden, conv_state, ssm_state):
+def reference_projection(mixer, hidden, ssm_multipliers=None):
+    """in_proj of hidden [L, D]; Falcon-H1 (`ssm_multipliers`, its config's z/x/B/C/dt multipliers) scales the input
+    by `ssm_in_multiplier` and each projected segment by its multiplier."""
+    if ssm_multipliers is None:
+        return mixer.in_proj(hidden)
+    inner, group_state = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
+    segments = mixer.in_proj(hidden * mixer.ssm_in_multiplier).split(
+        [inner, inner, group_state, group_state, mixer.num_heads], dim=-1)
+    return torch.cat([segment * m for segment, m in zip(segments, ssm_multipliers)], dim=-1)
+
+
+def recurrent_reference(mixer, hidden, conv_state, ssm_state, ssm_multipliers=None):
     """Sequential Mamba2 over hidden [L, D] from conv_state [C, K], ssm_state [H, P, N] -> (out [L, D], conv, ssm)."""
     heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
     inner, channels = mixer.intermediate_size, mixer.conv_dim
-    gate, xbc, dt_raw = mixer.in_proj(hidden).split([inner, channels, heads], dim=-1)
+    gate, xbc, dt_raw = reference_projection(mixer, hidden, ssm_multipliers).split([inner, channels, heads], dim=-1)
     history = torch.cat([conv_state, xbc.T], dim=1)  # [C, K + L]
     conv = F.conv1d(history[None], mixer.conv1d.weight, mixer.conv1d.bias, groups=channels)[0, :, 1:].T  # [L, C]
     x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
@@ -41,7 +54,8 @@ def recurrent_reference(mixer, hidden, conv_state, ssm_state):
         ct = c[t].view(groups, state).repeat_interleave(heads // groups, 0)
         ssm_state = (dt[t] * A).exp()[:, None, None] * ssm_state + dt[t][:, None, None] * xt[:, :, None] * bt[:, None]
         outs.append((ssm_state @ ct[:, :, None])[..., 0] + mixer.D[:, None] * xt)
-    y = mixer.norm(torch.stack(outs).reshape(-1, inner), gate)
+    y = torch.stack(outs).reshape(-1, inner)
+    y = mixer.norm(y, gate) if getattr(mixer, "mamba_rms_norm", True) else y * F.silu(gate)
     return mixer.out_proj(y), history[:, -KERNEL:], ssm_state
 
 
@@ -58,10 +72,17 @@ def path_to(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h"])
+MIXERS = {  # arch -> config overrides; Falcon-H1 also with its gated RMS norm (normalised before the gate)
+    "mamba2": {}, "nemotron_h": {"time_step_min": 0.05},  # NemotronH: the Δ clamp binds
+    "falcon_h1": {}, "falcon_h1_rms_norm": {"mamba_rms_norm": True}, "granite_hybrid": {},
+}  # Falcon-H1 holds its mup vector in float32: the test config's multipliers are exact in float32
+
+
+@pytest.mark.parametrize("arch", list(MIXERS))
 @pytest.mark.parametrize("kind", ["chain", "star", "random"])
 def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(arch, kind):
-    model = tiny_ssm(arch, time_step_min=0.05 if arch == "nemotron_h" else None)  # the Δ clamp binds
+    model = tiny_ssm(arch.removesuffix("_rms_norm"), **MIXERS[arch])
+    multipliers = model.config.ssm_multipliers if arch.startswith("falcon_h1") else None
     mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
     parents, depth, gen = tree_case(kind, seed=3)
     ancestors = ancestor_mask(parents, depth, int(depth.max()))
@@ -75,7 +96,8 @@ def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(arch, kind
         parent_list = parents[0].tolist()
         for node in range(NODES):
             path = path_to(parent_list, node)
-            ref_out, ref_conv, ref_ssm = recurrent_reference(mixer, hidden[0, path], conv_state[0], ssm_state[0])
+            ref_out, ref_conv, ref_ssm = recurrent_reference(mixer, hidden[0, path], conv_state[0], ssm_state[0],
+                                                             multipliers)
             torch.testing.assert_close(out[0, node], ref_out[-1], rtol=0, atol=1e-10)
             conv, ssm = commit_state(record, torch.tensor([node]))
             torch.testing.assert_close(conv[0], ref_conv, rtol=0, atol=1e-14)

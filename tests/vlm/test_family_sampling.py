@@ -1,5 +1,7 @@
 """Sampling is exact in law on the new VLM families: with a vispec drafter, the joint distribution of the first two
-new tokens (vocabulary 8, one image per prompt) equals the target's own processed distribution, by chi-square."""
+new tokens (vocabulary 8, one image per prompt) equals the target's own processed distribution, by chi-square.
+One family per image layout: Gemma 3, Idefics3 (SmolVLM shares its adapter), LLaVA-OneVision, Qwen3-VL (Qwen2-VL
+shares its adapter with Qwen2.5-VL) and InternVL."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ VOCAB, IMAGE = 8, 7
 SAMPLES, CHUNK = 4_000, 2_000
 SAMPLING = specmm.SamplingConfig(temperature=0.8, top_k=3)
 TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")
-DRAFTER_SEEDS = {"qwen3_vl": 3}  # untrained heads whose proposals the target accepts now and then
+DRAFTER_SEEDS = {"qwen3_vl": 3, "internvl": 3}  # untrained heads whose proposals the target accepts now and then
 
 
 def _prompt(image_tokens: int) -> torch.Tensor:
@@ -35,6 +37,16 @@ def family_case(family: str):
         model = families.tiny_idefics3(vocab=VOCAB, image=IMAGE)
         ids = _prompt(4)
         inputs = dict(pixel_values=torch.randn(1, 1, 3, 32, 32, generator=gen))
+    elif family == "llava_onevision":  # anyres tiles of a wide image, unpadded and shrunk (anyres_max_1)
+        model = families.tiny_llava_onevision(vocab=VOCAB, image=IMAGE)
+        inputs = dict(pixel_values=torch.randn(1, 3, 3, 32, 32, generator=gen), image_sizes=torch.tensor([[20, 50]]))
+        with torch.no_grad():  # the stock model tells how many tokens the image fills
+            features = model.model.get_image_features(inputs["pixel_values"].double(), inputs["image_sizes"])
+        ids = _prompt(features.pooler_output[0].shape[0])
+    elif family == "internvl":  # flat tiles, one image's two tiles in one span of pixel-shuffled tokens
+        model = families.tiny_internvl(vocab=VOCAB, image=IMAGE)
+        ids = _prompt(8)
+        inputs = dict(pixel_values=torch.randn(2, 3, 32, 32, generator=gen))
     else:  # qwen3_vl: interleaved M-RoPE with per-row deltas and DeepStack
         model = families.tiny_qwen3_vl(vocab=VOCAB, image_token_id=IMAGE, video_token_id=6, vision_start_token_id=5,
                                        vision_end_token_id=4)
@@ -44,7 +56,7 @@ def family_case(family: str):
     model = model.to(torch.float32)
     with torch.no_grad():
         head = model.get_output_embeddings().weight
-        head.normal_(0, 0.05 if family == "gemma3" else 0.3)  # logits of a few units: spread distributions
+        head.normal_(0, 0.05 if family in ("gemma3", "internvl") else 0.3)  # logits of a few units: spread distributions
         head[IMAGE] = -head[:IMAGE].mean(0) * 4  # the image token (almost) never sampled
     return model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs)
 
@@ -65,7 +77,7 @@ def _appended(inputs: dict, tokens: torch.Tensor) -> dict:
     return out
 
 
-@pytest.mark.parametrize("family", ["gemma3", "idefics3", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "idefics3", "llava_onevision", "qwen3_vl", "internvl"])
 def test_sampled_vispec_joint_distribution_matches_target(family):
     model, inputs = family_case(family)
     with torch.no_grad():
