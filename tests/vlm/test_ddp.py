@@ -1,9 +1,10 @@
 """Data-parallel drafter training (`specmm.vlm.ddp`): `specmm train-drafter` on two CPU processes (gloo) trains the
 drafter one process trains on the same global batches, and a run handed from one process to two (a stop, then a
-resume) and back to one (a SIGKILL, then a resume) ends with the uninterrupted one-process run's drafter. The
-processes come from accelerate's test launcher
-(`debug_launcher`: forked, so nothing is imported twice; `accelerate launch` sets up the same environment and adds
-only interpreter start-up, which tests/jobs/test_shards.py pays for the other jobs)."""
+resume) and back to one (a SIGKILL, then a resume) ends with the uninterrupted one-process run's drafter.
+
+The two processes come from accelerate's test launcher (`debug_launcher`): forked from this one, so nothing is
+imported again, and they run the same code as under `accelerate launch` (PartialState, Accelerator, DDP on gloo);
+the launcher itself adds only interpreter start-up and rendezvous, which tests/jobs/test_shards.py covers."""
 
 from __future__ import annotations
 
