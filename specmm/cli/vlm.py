@@ -27,9 +27,12 @@ TRAIN_OWNED = ("config.json", "model.safetensors", "captions.json", "text/*", "m
 def cmd_train_drafter(args) -> int:
     """Train a VisionDrafter into --out. The folder is a job: its manifest (job.json) names what changes the
     drafter, a rerun of the same job resumes from the stage checkpoints (as before), a different job in the same
-    folder is refused (--force starts over), and a second concurrent run is refused."""
+    folder is refused (--force starts over), and a second concurrent run is refused. Under `accelerate launch` it
+    trains data-parallel: every process takes an equal share of each batch; the main process holds the job and
+    writes every file."""
     from specmm import zoo
     from specmm.jobs import Job, fingerprint
+    from specmm.jobs.shards import Processes, process_device, shared_job
     from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
     from specmm.vlm.train import jsonl_batches
     from specmm.zoo import captioner, captioner_drafters
@@ -40,7 +43,11 @@ def cmd_train_drafter(args) -> int:
         input_file("--data", args.data)
     elif args.target:
         raise ValueError("--data: a captions .jsonl (e.g. from `specmm caption`) is needed with --target")
-    device = torch.device(args.device)
+    device = process_device(args.device)  # under `accelerate launch`: this process's GPU
+    processes = Processes(cpu=device.type == "cpu")
+    if args.batch_size % processes.size:
+        raise ValueError(f"--batch-size {args.batch_size}: each of the {processes.size} processes takes an equal "
+                         f"share of every batch; use a multiple of {processes.size}")
     settings = {"method": args.method, "text_steps": args.text_steps, "multimodal_steps": args.multimodal_steps,
                 "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                 "dtype": str(args.dtype).removeprefix("torch."),
@@ -48,7 +55,8 @@ def cmd_train_drafter(args) -> int:
                 "data": {"file": fingerprint(args.data), "prompt": args.prompt} if args.data else
                 {"zoo scenes": args.scenes},
                 "init": fingerprint(args.init) if args.init else None}
-    with Job(args.out, "train-drafter", settings, resume=True, force=args.force, folder=True, owned=TRAIN_OWNED):
+    job = Job(args.out, "train-drafter", settings, resume=True, force=args.force, folder=True, owned=TRAIN_OWNED)
+    with shared_job(job, processes):
         if args.target:
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -61,11 +69,12 @@ def cmd_train_drafter(args) -> int:
             target, processor = models.target, models.processor
         if args.data:
             batches = jsonl_batches(args.data, processor, args.prompt, args.batch_size)
-        else:
-            pairs = captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
+        else:  # regenerated (and cached in --out) by the main process
+            pairs = processes.share(captioner_drafters.regenerated_captions(models, args.scenes, 220, mkdir(args.out))
+                                    if processes.is_main else None)
             batches = captioner_drafters.caption_batches(models, pairs, args.batch_size)
         # seeded here, after the (cached) captions: the head's initialisation and the training noise are the same
-        # in a rerun whatever ran before
+        # in a rerun whatever ran before (and on every process)
         torch.manual_seed(args.seed)
         if args.init:
             with loading("--init", args.init, "drafter"):
@@ -77,10 +86,12 @@ def cmd_train_drafter(args) -> int:
                 config = DrafterTrainConfig(steps=steps, lr=args.lr, checkpoint_every=args.checkpoint_every)
                 losses = train_drafter(target, processor, drafter, batches, config, stage=stage,
                                        checkpoint_dir=f"{args.out}/{stage}")
-                if losses:
+                if losses and processes.is_main:
                     print(f"{stage}: final loss {sum(losses[-10:]) / len(losses[-10:]):.4f}")
-        drafter.save_pretrained(args.out)
-    print(f"saved the {drafter.method} drafter to {args.out}")
+        if processes.is_main:
+            drafter.save_pretrained(args.out)
+    if processes.is_main:
+        print(f"saved the {drafter.method} drafter to {args.out}")
     return 0
 
 

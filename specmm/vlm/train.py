@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from specmm.core.eagle_train import EagleTrainConfig, train_head
 from specmm.core.target import PrefillOutput, final_norm
+from specmm.vlm.ddp import BatchShard, launched_processes, train_data_parallel
 from specmm.vlm.drafter import IMAGE_ATTENTION, IMAGE_MASK, VisionDrafter
 
 logger = logging.getLogger(__name__)
@@ -115,11 +116,17 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def drafter_loss(drafter: VisionDrafter, passed: TargetPass, batch: dict[str, Tensor], stage: str,
-                 config: DrafterTrainConfig) -> tuple[Tensor, dict[str, float]]:
-    """Teacher-forced loss of one batch; slot t (f_t, token t+1) predicts f_{t+1}."""
+                 config: DrafterTrainConfig, shard: BatchShard | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Teacher-forced loss of one batch; slot t (f_t, token t+1) predicts f_{t+1}. With `shard` (data-parallel
+    training) `batch` is this process's rows of a global batch: the noise and the loss's divisor are the whole
+    batch's, so the mean over processes is the one-process loss."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     features = passed.features
-    noisy = features + (torch.rand_like(features) - 0.5) * config.feature_noise if config.feature_noise else features
+    if config.feature_noise:
+        uniform = torch.rand_like(features) if shard is None else shard.noise(features)
+        noisy = features + (uniform - 0.5) * config.feature_noise
+    else:
+        noisy = features
     extras = {IMAGE_MASK: passed.image_mask[:, :-1]}
     if passed.image_attention is not None:
         extras[IMAGE_ATTENTION] = passed.image_attention[:, :-1]
@@ -152,7 +159,7 @@ def drafter_loss(drafter: VisionDrafter, passed: TargetPass, batch: dict[str, Te
         per_slot = regression + 0.1 * ce
     if method == "flash":
         per_slot = per_slot + _sar_loss(drafter, predicted, features, mask, lm_head)
-    loss = _masked_mean(per_slot, weight)
+    loss = _masked_mean(per_slot, weight) if shard is None else (per_slot * weight).sum() / shard.mean_divisor(weight)
     parts.update(regression=_masked_mean(regression, weight).item(), ce=_masked_mean(ce, weight).item())
     with torch.no_grad():
         parts["top1"] = _masked_mean((logits.argmax(-1) == target_logits.argmax(-1)).float(), weight).item()
@@ -202,26 +209,41 @@ def train_drafter(target: nn.Module, processor, drafter: VisionDrafter, dataset:
     dataset: a function step -> batch (processor outputs: input_ids, attention_mask, pixel_values...), or a
     list of such batches cycled through. With `checkpoint_dir` the head and optimiser are saved every
     `checkpoint_every` steps and a later call resumes. `processor` is kept for API symmetry with the pipeline.
+    Under `accelerate launch` with several processes it trains data-parallel (`specmm.vlm.ddp`): each process
+    takes its equal share of the rows of every batch, and the run trains what one process trains on whole batches;
+    the returned losses are the whole batch's, and `on_step` and the progress bar run on the main process only.
     """
     if stage not in STAGES:
         raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
     config = config or DrafterTrainConfig()
     batches = _batch_source(dataset)
     device = next(drafter.head.parameters()).device
+    image_token_id = target.config.image_token_id
     target.eval()
 
-    def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
-        batch = {k: v.to(device) for k, v in batches(step).items()}
-        if stage == "text":
-            batch = without_images(batch, target.config.image_token_id)
+    def shard_loss(step: int, shard: BatchShard | None = None) -> tuple[Tensor, dict[str, float]]:
+        batch = batches(step)
+        if stage == "text":  # on the whole batch: its padding width is the one-process width
+            batch = without_images(batch, image_token_id)
+        if shard is not None:
+            batch = shard.take(batch, image_token_id)
+        batch = {k: v.to(device) for k, v in batch.items()}
         passed = run_target(target, batch, dream=drafter.method == "dream", mid_fraction=config.dream_mid_fraction)
-        loss, parts = drafter_loss(drafter, passed, batch, stage, config)
+        return drafter_loss(drafter, passed, batch, stage, config, shard)
+
+    desc = f"{drafter.method}/{stage}"
+    if launched_processes() > 1:
+        return train_data_parallel(drafter, shard_loss, config, checkpoint_dir=checkpoint_dir, desc=desc,
+                                   progress=progress, on_step=on_step)
+
+    def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
+        loss, parts = shard_loss(step)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"train_drafter: loss is {loss.item()} at step {step}")
         return loss, parts
 
-    return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc=f"{drafter.method}/{stage}",
-                      progress=progress, on_step=on_step)
+    return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc=desc, progress=progress,
+                      on_step=on_step)
 
 
 def without_images(batch: dict[str, Tensor], image_token_id: int) -> dict[str, Tensor]:
