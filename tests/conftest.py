@@ -161,11 +161,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{case:<44} {mean:6.3f}  {histogram}")
 
 
-FORKING_TESTS = ("tests/cli/test_kill_resume.py",)
+FORKING_TESTS = ("tests/cli/test_kill_resume.py", "tests/vlm/test_ddp.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     """Fault-injection tests fork the test process; a fork is safe only before the process has run autograd's
-    worker threads or torch.compile (a forked child then fails in backward), so they run first."""
+    worker threads or torch.compile (a forked child then fails in backward or hangs), so they run first. Under
+    `make test`'s parallel workers each forking file is the first file of a worker (xdist hands the first files
+    out one per worker, in this order)."""
     first = [item for item in items if item.nodeid.startswith(FORKING_TESTS)]
     items[:] = first + [item for item in items if not item.nodeid.startswith(FORKING_TESTS)]
