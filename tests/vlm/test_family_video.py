@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+from transformers.utils import is_num2words_available
 
 import specmm
 import specmm.vlm
@@ -15,6 +16,8 @@ from specmm.core.target import FEATURES, as_target
 from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
 from tests.conftest import report_acceptance
 from tests.vlm import test_families as families
+from tests.vlm import test_family_pipeline as pipeline
+from tests.vlm.test_pipeline import scene_images
 from tests.vlm.test_targets import IMAGE, MAX_NEW, PAD, one_thread, reference_setup, tiny_qwen2_5_vl  # noqa: F401
 
 VISION_START, VISION_END = 92, 93
@@ -174,8 +177,8 @@ BAD_INPUTS = {
                          "second_per_grid_ts: not an input of Qwen2_5_VLTarget"),
     "llava_onevision/frames": ("llava_onevision", lambda i: dict(i, pixel_values_videos=i["pixel_values_videos"][0]),
                                r"pixel_values_videos: expected \[videos, frames, channels, height, width\]"),
-    "llava_onevision/more frames": ("llava_onevision",
-                                    lambda i: dict(i, pixel_values_videos=i["pixel_values_videos"].repeat(1, 2, 1, 1, 1)),
+    "llava_onevision/more frames": ("llava_onevision", lambda i: dict(i, pixel_values_videos=i["pixel_values_videos"]
+                                                                      .repeat(1, 2, 1, 1, 1)),
                                     r"2 videos need 34 video tokens \(17, 17\) but input_ids hold 18"),
 }
 
@@ -217,3 +220,31 @@ def test_drafter_training_refuses_video_batches_before_any_forward():
     finally:
         hook.remove()
     assert calls[0] == 0
+
+
+VIDEO_FAMILIES = ["qwen2_vl", "qwen3_vl", "llava_onevision", "internvl",  # InternVL, SmolVLM: frames as images
+                  pytest.param("smolvlm", marks=pytest.mark.skipif(not is_num2words_available(),
+                                                                   reason="SmolVLM's processor needs num2words"))]
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_video_prompts_from_the_family_processor_equal_stock_generate(family):
+    """The family's own processor turns 4- and 6-frame videos (4 and 4 where its videos stack into one tensor) and an
+    image into model inputs (InternVL, SmolVLM: frames as images); greedy tokens with a vispec drafter equal the
+    stock greedy `generate` on them."""
+    processor = pipeline.family_processor(family)
+    model = pipeline.family_target(family, processor)
+    # the middle prompt holds an image (SmolVLM's processor mixes up images and videos in one batch: a video)
+    smolvlm = family == "smolvlm"
+    middle = f"{processor.video_token if smolvlm else processor.image_token}\nDescribe."
+    texts = [f"{processor.video_token}\nWhat happens?", middle, f"A clip: {processor.video_token}\nIt shows"]
+    frames = torch.Generator().manual_seed(3)
+    videos = [torch.randint(0, 256, (n, 32, 32, 3), generator=frames, dtype=torch.uint8).numpy()
+              for n in ((4, 6) if family.startswith("qwen") else (4, 4, 4) if smolvlm else (4, 4))]
+    inputs = dict(processor(text=texts, images=None if smolvlm else scene_images(1), videos=videos,
+                            return_tensors="pt", padding=True, padding_side="left"))
+    reference = model.generate(**inputs, do_sample=False, max_new_tokens=pipeline.MAX_NEW)
+    torch.manual_seed(0)
+    out = specmm.SpeculativeGenerator(model, VisionDrafter.for_target(model, method="vispec"), tree=families.SPEC
+                                      ).generate(**inputs, max_new_tokens=pipeline.MAX_NEW)
+    assert torch.equal(out.sequences, reference)

@@ -335,7 +335,7 @@ BAD_INPUTS = {
     "qwen/video without grid": ("qwen2_5_vl", dict(pixel_values_videos=torch.ones(2, 2)),
                                 "video_grid_thw: required with pixel_values_videos"),
     "llava/video": ("llava", dict(pixel_values_videos=torch.ones(1, 2, 3, 32, 32)),
-                     "pixel_values_videos: not an input of LlavaTarget .* LlavaForConditionalGeneration takes no videos"),
+                    "pixel_values_videos: not an input of LlavaTarget .* takes no videos"),
 }
 
 
