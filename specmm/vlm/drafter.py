@@ -2,9 +2,10 @@
 
 It is the core `EagleDrafter` loop (tree drafting, accepted-path feedback, row selection) with a VLM prefill:
 slot t pairs the target feature f_t with the merged input embedding of token t+1 (the EAGLE shift), and each
-image's slots go through the method's compressor. Slots keep their real positions, so a compressed image
-leaves a gap and the position counter runs apart from the drafter cache length (ViSpec). Methods differ only
-in the head (heads.py) and the compressor (compressors.py).
+visual span's slots go through the method's compressor. A span is a run of image tokens, or of video tokens (a
+whole Qwen2-VL, Qwen2.5-VL or LLaVA-OneVision video; one Qwen3-VL frame group, which timestamps separate).
+Slots keep their real positions, so a compressed span leaves a gap and the position counter runs apart from the
+drafter cache length (ViSpec). Methods differ only in the head (heads.py) and the compressor (compressors.py).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class VisionDrafter(EagleDrafter):
         self.layout = f"specmm-{self.method}"
         if getattr(head.compressor, "needs_scores", False):
             self.needs = self.needs | {IMAGE_ATTENTION}
-        self.visual_tokens_seen = 0  # image slots the drafter ran in the last generation
-        self.image_tokens = 0  # image tokens of the prompts in the last generation
+        self.visual_tokens_seen = 0  # visual (image and video) slots the drafter ran last time
+        self.image_tokens = 0  # visual (image and video) tokens of the last prompts
 
     # ---- construction and checkpoints -------------------------------------------------------------------
     @classmethod

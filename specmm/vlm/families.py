@@ -1,7 +1,8 @@
 """Target adapters for more VLM families: Gemma 3, SmolVLM / Idefics3, LLaVA-OneVision, Qwen2-VL, Qwen3-VL and
 InternVL. Each keeps the prompt prefill in the model's own forward (vision tower, projector, merge, DeepStack)
-and says only what differs: its inputs, image-token counts, prompt mask and positions. Importing this module
-(done by `specmm.vlm`) adds them to `targets.SUPPORTED`.
+and says only what differs: its inputs, image- and video-token counts, prompt mask and positions. Importing this
+module (done by `specmm.vlm`) adds them to `targets.SUPPORTED`. InternVL and SmolVLM take videos through their
+processors, as image frames (`pixel_values` and image tokens), so the image path serves them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_fo
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
 from specmm.vlm.targets import SUPPORTED, LlavaTarget, Qwen2_5_VLTarget, VLMTarget
+
+VIDEO_AS_FRAMES = ("takes videos as image frames: pass the processor's pixel_values and image tokens for them "
+                   "(it returns no pixel_values_videos)")
 
 
 class Gemma3Target(VLMTarget):
@@ -72,6 +76,12 @@ class Idefics3Target(VLMTarget):
     model_input_names = ("pixel_values", "pixel_attention_mask")
 
     @property
+    def video_note(self) -> str:
+        if isinstance(self.model, SmolVLMForConditionalGeneration):
+            return VIDEO_AS_FRAMES
+        return VLMTarget.video_note
+
+    @property
     def language_model(self) -> nn.Module:
         return self.model.model.text_model
 
@@ -100,14 +110,29 @@ class Idefics3Target(VLMTarget):
 
 
 class LlavaOnevisionTarget(LlavaTarget):
-    """`LlavaOnevisionForConditionalGeneration` (images): anyres tiles for a prompt's only image, one tile per
-    image of a multi-image prompt (`batch_num_images`), unpadded grids shrunk to `anyres_max_N` tiles."""
+    """`LlavaOnevisionForConditionalGeneration`: anyres tiles for a prompt's only image, one tile per image of a
+    multi-image prompt (`batch_num_images`), unpadded grids shrunk to `anyres_max_N` tiles; videos
+    ([videos, frames, C, H, W]) fill each frame's 2x2-pooled patch grid and one newline token."""
 
     model_input_names = ("pixel_values", "image_sizes", "batch_num_images")
+    video_input_names = ("pixel_values_videos",)
 
     def __init__(self, model: nn.Module):
         VLMTarget.__init__(self, model)
         self.anyres = True
+
+    def _check_shapes(self, model_inputs: dict) -> None:
+        super()._check_shapes(model_inputs)
+        videos = model_inputs.get("pixel_values_videos")
+        if videos is not None and videos.dim() != 5:
+            raise ValueError(f"pixel_values_videos: expected [videos, frames, channels, height, width], got shape "
+                             f"{tuple(videos.shape)}")
+
+    def tokens_per_video(self, model_inputs: dict) -> list[int]:
+        videos = model_inputs["pixel_values_videos"]
+        vision = self.model.config.vision_config
+        pooled = math.ceil(vision.image_size // vision.patch_size / 2)  # bilinear pooling to half size, rounded up
+        return [videos.shape[1] * pooled * pooled + 1] * videos.shape[0]
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         sizes = model_inputs["image_sizes"].tolist()
@@ -132,6 +157,8 @@ class LlavaOnevisionTarget(LlavaTarget):
 class InternVLTarget(VLMTarget):
     """`InternVLForConditionalGeneration`: pixel values are image tiles ([tiles, C, H, W]; the processor puts
     one image's tiles in one span), each tile filling (side * downsample_ratio)^2 pixel-shuffled tokens."""
+
+    video_note = VIDEO_AS_FRAMES
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         config = self.model.config

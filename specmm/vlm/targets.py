@@ -5,7 +5,9 @@ The prompt, image tokens included, is prefilled through the model's own forward,
 projector and the embedding merge stay stock code; generated tokens are then verified exactly like a text
 LM's (`HFCausalLMTarget`). Qwen2.5-VL adds M-RoPE: the prompt gets the model's own 3-D positions
 (`get_rope_index`) and every later token `committed length + depth + rope_delta` on all three axes, as HF
-`generate` does. Importing `specmm.vlm` registers these adapters with `specmm.core.as_target`.
+`generate` does. Families whose stock forward takes videos (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA-OneVision)
+get them in the prefill the same way; later tokens are text. Importing `specmm.vlm` registers these adapters
+with `specmm.core.as_target`.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class _InputsEmbedsCapture:
         self._handle.remove()
 
 
-IMAGE_MASK, IMAGE_ATTENTION = "image_mask", "image_attention"  # PrefillOutput.extras keys
+# PrefillOutput.extras keys: IMAGE_MASK marks the visual tokens (image tokens, and video tokens where the family
+# takes videos), whose spans drafters compress; IMAGE_ATTENTION holds DREAM's last-layer attention scores
+IMAGE_MASK, IMAGE_ATTENTION = "image_mask", "image_attention"
 
 
 class _LastLayerAttention:
@@ -95,11 +99,14 @@ class VLMTarget(HFCausalLMTarget):
 
     provides = frozenset({FEATURES, INPUTS_EMBEDS, IMAGE_ATTENTION})
     model_input_names: tuple[str, ...] = ("pixel_values",)
+    video_input_names: tuple[str, ...] = ()  # the stock forward's video inputs (empty: the family takes no videos)
+    video_note = "takes no videos"  # what the refusal of video inputs tells
     token_types_name: str | None = None  # per-token type input over the full prompt (1 = image), if the family has one
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.image_token_id = int(model.config.image_token_id)
+        self.video_token_id = int(model.config.video_token_id) if self.video_input_names else None
         self._images_given = False
 
     @property
@@ -120,10 +127,12 @@ class VLMTarget(HFCausalLMTarget):
 
     def check_model_inputs(self, model_inputs: dict) -> None:
         """Raise ValueError for inputs this target does not take or whose shapes cannot fit (before any work)."""
-        unknown = sorted(set(model_inputs) - set(self.model_input_names))
+        names = self.model_input_names + self.video_input_names
+        unknown = sorted(set(model_inputs) - set(names))
         if unknown:
+            note = f"; {type(self.model).__name__} {self.video_note}" if any("video" in n for n in unknown) else ""
             raise ValueError(f"{', '.join(unknown)}: not an input of {type(self).__name__} "
-                             f"({type(self.model).__name__}); it takes {', '.join(self.model_input_names)}")
+                             f"({type(self.model).__name__}); it takes {', '.join(names)}{note}")
         for name, value in model_inputs.items():
             if not isinstance(value, Tensor):
                 raise ValueError(f"{name}: expected a tensor, got {type(value).__name__}")
@@ -139,13 +148,22 @@ class VLMTarget(HFCausalLMTarget):
         """Image tokens each image of `model_inputs` fills in input_ids (None when it cannot be told cheaply)."""
         raise NotImplementedError
 
+    def tokens_per_video(self, model_inputs: dict) -> list[int]:
+        """Video tokens each video of `model_inputs` fills in input_ids (families with `video_input_names`)."""
+        raise NotImplementedError
+
+    def visual_mask(self, input_ids: Tensor) -> Tensor:
+        """[B, L] bool: image tokens, and video tokens where the family takes videos (drafters see both as visual)."""
+        mask = input_ids == self.image_token_id
+        return mask if self.video_token_id is None else mask | (input_ids == self.video_token_id)
+
     def last_token_is_image(self, model_inputs: dict) -> Tensor | None:
-        """[B] bool: rows whose last prompt token is an image token, when the inputs tell (else None)."""
+        """[B] bool: rows whose last prompt token is an image (or video) token, when the inputs tell (else None)."""
         types = model_inputs.get(self.token_types_name) if self.token_types_name else None
         return None if types is None else types[:, -1] != 0
 
     def check_token_types(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
-        """The token-type input (full prompt, [B, L]) must mark exactly the image tokens."""
+        """The token-type input (full prompt, [B, L]) must mark exactly the image tokens (1) and video tokens (2)."""
         name = self.token_types_name
         types = model_inputs.get(name) if name else None
         if types is None:
@@ -153,9 +171,14 @@ class VLMTarget(HFCausalLMTarget):
         if types.shape != (input_ids.shape[0], input_ids.shape[1] + 1):
             raise ValueError(f"{name}: shape {tuple(types.shape)} does not match input_ids "
                              f"{(input_ids.shape[0], input_ids.shape[1] + 1)}")
-        marked = types[:, :-1].to(input_ids.device) == 1
-        if bool(((marked != (input_ids == self.image_token_id)) & attention_mask.bool()).any()):
-            raise ValueError(f"{name}: does not mark exactly the image tokens of input_ids")
+        kinds = [("image", 1, self.image_token_id)]
+        if self.video_token_id is not None:
+            kinds.append(("video", 2, self.video_token_id))
+        for kind, value, token in kinds:
+            marked = types[:, :-1].to(input_ids.device) == value
+            if bool(((marked != (input_ids == token)) & attention_mask.bool()).any()):
+                raise ValueError(f"{name}: does not mark exactly the {kind} tokens of input_ids"
+                                 + (f" (as {value})" if len(kinds) > 1 else ""))
 
     def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
         """Raise ValueError when images and image tokens disagree. Called by `prefill` before any forward, on
@@ -165,7 +188,8 @@ class VLMTarget(HFCausalLMTarget):
         found = int(is_image.sum())
         last_image = self.last_token_is_image(model_inputs)
         if last_image is not None and bool(last_image.any()):
-            _raise_last_token_image(last_image)
+            types = model_inputs[self.token_types_name]
+            _raise_last_token_image(last_image, "video" if bool((types[:, -1] == 2).any()) else "image")
         if model_inputs.get("pixel_values") is None:
             if found:
                 raise ValueError(f"input_ids: hold {found} image tokens (id {self.image_token_id}) but no "
@@ -186,6 +210,30 @@ class VLMTarget(HFCausalLMTarget):
         runs = int((is_image[:, 1:] & ~is_image[:, :-1]).sum() + is_image[:, 0].sum())  # contiguous image spans
         raise ValueError(_count_mismatch(counts, found, runs))
 
+    def check_videos(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
+        """Raise ValueError when videos and video tokens disagree (before any forward; the prompt minus its last
+        token, as in `check_images`)."""
+        if self.video_token_id is None:
+            return
+        is_video = (input_ids == self.video_token_id) & attention_mask.bool()  # [B, L-1]
+        found = int(is_video.sum())
+        if model_inputs.get("pixel_values_videos") is None:
+            if found:
+                raise ValueError(f"input_ids: hold {found} video tokens (id {self.video_token_id}) but no "
+                                 "pixel_values_videos were given")
+            return
+        counts = self.tokens_per_video(model_inputs)
+        if found == sum(counts):
+            return
+        ends_in_video = is_video[:, -1] if input_ids.shape[1] else is_video.new_zeros(input_ids.shape[0])
+        if 0 < sum(counts) - found == int(ends_in_video.sum()):
+            _raise_last_token_image(ends_in_video, "video")
+        if found == 0:
+            raise ValueError(f"pixel_values_videos: given but input_ids hold no video tokens (id "
+                             f"{self.video_token_id}); put the processor's video token in the prompt")
+        raise ValueError(f"pixel_values_videos: {len(counts)} videos need {sum(counts)} video tokens "
+                         f"({', '.join(map(str, counts))}) but input_ids hold {found}")
+
     # ------------------------------------------------------------------------------------------ running
 
     def forward_inputs(self, model_inputs: dict) -> dict:
@@ -204,9 +252,10 @@ class VLMTarget(HFCausalLMTarget):
     @torch.no_grad()
     def prefill(self, input_ids: Tensor, attention_mask: Tensor, **model_inputs: Any) -> PrefillOutput:
         self.check_images(input_ids, attention_mask, model_inputs)
-        self._images_given = model_inputs.get("pixel_values") is not None
+        self.check_videos(input_ids, attention_mask, model_inputs)
+        self._images_given = any(model_inputs.get(k) is not None for k in ("pixel_values", "pixel_values_videos"))
         valid = attention_mask.bool()  # [B, L-1]
-        extras = {IMAGE_MASK: (input_ids == self.image_token_id) & valid}  # [B, L-1]
+        extras = {IMAGE_MASK: self.visual_mask(input_ids) & valid}  # [B, L-1]
         positions = self.prefill_positions(input_ids, attention_mask, model_inputs)
         extras.update(self.prefill_extras())
         if input_ids.shape[1] == 0:
@@ -229,13 +278,14 @@ class VLMTarget(HFCausalLMTarget):
         return {}
 
     def check_roots(self, tree: DraftTree) -> None:
-        """First verify after an image prefill: a root that is an image token means the prompt ended inside an
-        image, which the prefix counts could not show (more image tokens than features)."""
+        """First verify after an image (or video) prefill: a root that is an image token means the prompt ended
+        inside an image, which the prefix counts could not show (more image tokens than features)."""
         if self._images_given:
             self._images_given = False
-            roots = tree.tokens[:, 0] == self.image_token_id  # [B]
-            if bool(roots.any()):
-                _raise_last_token_image(roots)
+            for kind, token in (("image", self.image_token_id), ("video", self.video_token_id)):
+                roots = tree.tokens[:, 0] == token  # [B]
+                if token is not None and bool(roots.any()):
+                    _raise_last_token_image(roots, kind)
 
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:
@@ -243,10 +293,10 @@ class VLMTarget(HFCausalLMTarget):
         return super().verify(tree)
 
 
-def _raise_last_token_image(rows: Tensor) -> None:
-    raise ValueError(f"input_ids: the last prompt token of row(s) {rows.nonzero().flatten().tolist()} is an image "
-                     "token; end each prompt with text after the image (the last prompt token is verified as "
-                     "the first draft root, without pixels)")
+def _raise_last_token_image(rows: Tensor, kind: str = "image") -> None:
+    raise ValueError(f"input_ids: the last prompt token of row(s) {rows.nonzero().flatten().tolist()} is "
+                     f"{'an' if kind == 'image' else 'a'} {kind} token; end each prompt with text after the {kind} "
+                     "(the last prompt token is verified as the first draft root, without pixels)")
 
 
 def _count_mismatch(counts: list[int], found: int, runs: int) -> str:
@@ -315,13 +365,21 @@ class LlavaTarget(VLMTarget):
 
 
 class Qwen2_5_VLTarget(VLMTarget):
-    """`Qwen2_5_VLForConditionalGeneration`, and Qwen2-VL / Qwen3-VL (images): M-RoPE positions from the model's
-    own `get_rope_index`, one `rope_delta` per row ([B, 1]) shifting every later position on all three axes.
-    Qwen3-VL's interleaved M-RoPE (in its rotary embedding) and DeepStack features (added inside the prefill
-    forward at the image positions) need nothing more: later tokens are text."""
+    """`Qwen2_5_VLForConditionalGeneration`, and Qwen2-VL / Qwen3-VL: images and videos. M-RoPE positions come
+    from the model's own `get_rope_index` (a video's time axis: its temporal patches, scaled by
+    `second_per_grid_ts` on Qwen2.5-VL; Qwen3-VL gives each frame group its own span after a timestamp), one
+    `rope_delta` per row ([B, 1]) shifting every later position on all three axes. Qwen3-VL's interleaved M-RoPE
+    (in its rotary embedding) and DeepStack features (added inside the prefill forward at the image and video
+    positions) need nothing more: later tokens are text."""
 
     model_input_names = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    video_input_names = ("pixel_values_videos", "video_grid_thw")
     token_types_name = "mm_token_type_ids"
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        if isinstance(model, Qwen2_5_VLForConditionalGeneration):  # seconds per temporal patch (M-RoPE time axis)
+            self.video_input_names = (*self.video_input_names, "second_per_grid_ts")
 
     @property
     def family(self) -> str:
@@ -332,43 +390,66 @@ class Qwen2_5_VLTarget(VLMTarget):
         self.rope_deltas = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # [B, 1]
 
     def _check_shapes(self, model_inputs: dict) -> None:
-        pixels, grid = model_inputs.get("pixel_values"), model_inputs.get("image_grid_thw")
+        images = self._check_patches(model_inputs, "pixel_values", "image_grid_thw", "images")
+        videos = self._check_patches(model_inputs, "pixel_values_videos", "video_grid_thw", "videos")
+        seconds = model_inputs.get("second_per_grid_ts")
+        if seconds is not None:
+            if not videos:
+                raise ValueError("second_per_grid_ts: given without pixel_values_videos")
+            count = model_inputs["video_grid_thw"].shape[0]
+            if tuple(seconds.shape) != (count,):
+                raise ValueError(f"second_per_grid_ts: expected one value per video ({count}), got shape "
+                                 f"{tuple(seconds.shape)}")
+        if (images or videos) and model_inputs.get("mm_token_type_ids") is None:
+            raise ValueError(f"mm_token_type_ids: required with pixel_values or pixel_values_videos for {self.family} "
+                             "M-RoPE positions (the processor returns it)")
+
+    def _check_patches(self, model_inputs: dict, pixels_name: str, grid_name: str, items: str) -> bool:
+        """Flattened patches and their (t, h, w) grid must agree; True when the patches are given."""
+        pixels, grid = model_inputs.get(pixels_name), model_inputs.get(grid_name)
         if pixels is None:
             if grid is not None:
-                raise ValueError("image_grid_thw: given without pixel_values")
-            return
+                raise ValueError(f"{grid_name}: given without {pixels_name}")
+            return False
         if pixels.dim() != 2:
-            raise ValueError(f"pixel_values: expected flattened patches [patches, channels * patch volume] as the "
+            raise ValueError(f"{pixels_name}: expected flattened patches [patches, channels * patch volume] as the "
                              f"{self.family} processor returns them, got shape {tuple(pixels.shape)}")
         if grid is None:
-            raise ValueError(f"image_grid_thw: required with pixel_values for {self.family} (the processor returns it)")
+            raise ValueError(f"{grid_name}: required with {pixels_name} for {self.family} (the processor returns it)")
         if grid.dim() != 2 or grid.shape[1] != 3:
-            raise ValueError(f"image_grid_thw: expected [images, 3] (t, h, w), got shape {tuple(grid.shape)}")
+            raise ValueError(f"{grid_name}: expected [{items}, 3] (t, h, w), got shape {tuple(grid.shape)}")
         if int(grid.prod(-1).sum()) != pixels.shape[0]:
-            raise ValueError(f"pixel_values: {pixels.shape[0]} patches but image_grid_thw describes "
+            raise ValueError(f"{pixels_name}: {pixels.shape[0]} patches but {grid_name} describes "
                              f"{int(grid.prod(-1).sum())}")
-        if model_inputs.get("mm_token_type_ids") is None:
-            raise ValueError(f"mm_token_type_ids: required with pixel_values for {self.family} M-RoPE positions (the "
-                             "processor returns it)")
+        return True
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         merge = self.model.config.vision_config.spatial_merge_size
         return (model_inputs["image_grid_thw"].prod(-1) // merge**2).tolist()
 
+    def tokens_per_video(self, model_inputs: dict) -> list[int]:
+        merge = self.model.config.vision_config.spatial_merge_size
+        return (model_inputs["video_grid_thw"].prod(-1) // merge**2).tolist()
+
     def prefill_positions(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> Tensor | None:
         """[3, B, L-1] M-RoPE positions of the prefix, computed on the full prompt (its last token is text);
         keeps each row's rope delta (last position + 1 - real length) for the positions of later tokens."""
-        grid = model_inputs.get("image_grid_thw")
-        if grid is None:
+        grids = {name: model_inputs[name].to(self.device) for name in ("image_grid_thw", "video_grid_thw",
+                                                                       "second_per_grid_ts")
+                 if model_inputs.get(name) is not None}
+        if not grids:
             return None  # text only: 1-D positions on all axes, delta 0 (as HF generate)
         batch = input_ids.shape[0]
         ones = attention_mask.new_ones(batch, 1)
-        positions, deltas = self.model.model.get_rope_index(
+        positions, _ = self.model.model.get_rope_index(
             torch.cat([input_ids, input_ids.new_zeros(batch, 1)], 1),  # the last token's value is not read
             mm_token_type_ids=model_inputs["mm_token_type_ids"].to(self.device),
-            image_grid_thw=grid.to(self.device),
-            attention_mask=torch.cat([attention_mask, ones], 1))
-        self.rope_deltas = deltas.to(self.device, torch.long).view(batch, 1)  # [B, 1]
+            attention_mask=torch.cat([attention_mask, ones], 1), **grids)
+        # generate continues each row from its last prompt token's position (text: one value on all axes), + 1 per
+        # token; that is the model's rope delta unless a video's time axis outruns its grid (more temporal patches
+        # than grid rows, or Qwen2.5-VL's scaled time), whose delta `get_rope_index` takes from the video's maximum
+        last = positions[0, :, -1].to(self.device, torch.long)  # [B]
+        self.rope_deltas = (last - attention_mask.sum(1)).view(batch, 1)  # [B, 1]: position - (real length - 1)
         return positions[:, :, :-1]  # [3, B, L-1]
 
     def prefill_extras(self) -> dict:

@@ -223,6 +223,9 @@ def train_drafter(target: nn.Module, processor, drafter: VisionDrafter, dataset:
 
     def shard_loss(step: int, shard: BatchShard | None = None) -> tuple[Tensor, dict[str, float]]:
         batch = batches(step)
+        if "pixel_values_videos" in batch:  # the training passes mark image spans only
+            raise ValueError("dataset: video inputs (pixel_values_videos) are not supported in drafter training; "
+                             "train on images (the drafter then compresses video spans as it does images)")
         if stage == "text":  # on the whole batch: its padding width is the one-process width
             batch = without_images(batch, image_token_id)
         if shard is not None:

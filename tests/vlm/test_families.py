@@ -291,8 +291,8 @@ BAD_INPUTS = {
                                                                 "tokens for 4"),
     "llava_onevision/batch_num_images": ("llava_onevision", lambda i: dict(i, batch_num_images=torch.tensor([1, 1, 1])),
                                          "batch_num_images: counts 3 images but image_sizes has 4 rows"),
-    "qwen3_vl/video": ("qwen3_vl", lambda i: dict(i, pixel_values_videos=torch.ones(2, 2)),
-                       "pixel_values_videos: not an input of Qwen2_5_VLTarget"),
+    "gemma3/video": ("gemma3", lambda i: dict(i, pixel_values_videos=torch.ones(1, 2, 3, 32, 32)),
+                     "pixel_values_videos: not an input of Gemma3Target .* takes no videos"),
     "internvl/fewer tiles": ("internvl", lambda i: dict(i, pixel_values=i["pixel_values"][:4]),
                              "pixel_values: 4 images but input_ids hold image tokens for 5"),
 }

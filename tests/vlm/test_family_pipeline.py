@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers as hf
 from tokenizers import Tokenizer
+from transformers.utils import is_num2words_available
 
 import specmm
 from specmm.cli import main
@@ -24,6 +25,9 @@ MAX_NEW = 8
 SPECIAL_TOKENS = {  # the tokenizer attributes each family's processor reads
     "gemma3": {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
     "idefics3": {},  # the processor adds its own
+    "smolvlm": {"fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+                "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>",
+                "video_token": "<video>"},
     "llava_onevision": {"image_token": "<image>", "video_token": "<video>"},
     "qwen2_vl": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                  "vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>"},
@@ -31,7 +35,9 @@ SPECIAL_TOKENS = {  # the tokenizer attributes each family's processor reads
                  "video_token": "<video>"},
 }
 SPECIAL_TOKENS["qwen3_vl"] = SPECIAL_TOKENS["qwen2_vl"]
-FAMILIES = list(SPECIAL_TOKENS)  # SmolVLM's processor needs the `num2words` package, which is not installed
+FAMILIES = [family if family != "smolvlm" else  # SmolVLM's processor needs the `num2words` package
+            pytest.param(family, marks=pytest.mark.skipif(not is_num2words_available(), reason="needs num2words"))
+            for family in SPECIAL_TOKENS]
 
 
 @functools.cache
@@ -50,7 +56,7 @@ def family_tokenizer(family: str) -> hf.PreTrainedTokenizerFast:
 
 
 def family_processor(family: str):
-    """The family's own processor, sized for the tiny configs of `test_families` (32x32 images)."""
+    """The family's own processor, sized for the tiny configs of `test_families` (32x32 images and video frames)."""
     tokenizer = family_tokenizer(family)
     if family == "gemma3":
         return hf.Gemma3Processor(hf.Gemma3ImageProcessor(size={"height": 32, "width": 32}), tokenizer,
@@ -59,20 +65,29 @@ def family_processor(family: str):
         images = hf.Idefics3ImageProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
                                            do_image_splitting=False)
         return hf.Idefics3Processor(images, tokenizer, image_seq_len=4)
+    if family == "smolvlm":
+        images = hf.SmolVLMImageProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32},
+                                          do_image_splitting=False)
+        videos = hf.SmolVLMVideoProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32})
+        return hf.SmolVLMProcessor(images, tokenizer, videos, image_seq_len=4)
     if family == "llava_onevision":
         images = hf.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
                                                  image_grid_pinpoints=[[32, 32], [32, 64], [64, 32]])
         # 16 patch tokens per tile: the tiny CLIP tower's CLS token is already dropped, so no "default" subtraction
-        return hf.LlavaOnevisionProcessor(images, tokenizer, hf.LlavaOnevisionVideoProcessor(), num_image_tokens=16,
+        videos = hf.LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32})
+        return hf.LlavaOnevisionProcessor(images, tokenizer, videos, num_image_tokens=16,
                                           vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1")
     if family in ("qwen2_vl", "qwen3_vl"):
         images = hf.Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16,
                                           max_pixels=32 * 32)
+        sized = dict(patch_size=4, merge_size=2, temporal_patch_size=2, cap_pixels_per_frame=True,
+                     size={"shortest_edge": 16 * 16, "longest_edge": 32 * 32})
         if family == "qwen2_vl":
-            return hf.Qwen2VLProcessor(images, tokenizer, hf.Qwen2VLVideoProcessor())
-        return hf.Qwen3VLProcessor(images, tokenizer, hf.Qwen3VLVideoProcessor())
+            return hf.Qwen2VLProcessor(images, tokenizer, hf.Qwen2VLVideoProcessor(**sized))
+        return hf.Qwen3VLProcessor(images, tokenizer, hf.Qwen3VLVideoProcessor(**sized, do_sample_frames=False))
     images = hf.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=False)
-    return hf.InternVLProcessor(images, tokenizer, hf.InternVLVideoProcessor(), image_seq_length=4)
+    videos = hf.InternVLVideoProcessor(size={"height": 32, "width": 32})
+    return hf.InternVLProcessor(images, tokenizer, videos, image_seq_length=4)
 
 
 def family_target(family: str, processor):
@@ -88,9 +103,11 @@ def family_target(family: str, processor):
         model = build(vocab=vocab, image_token_id=image, video_token_id=ids["video_token"],
                       vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])
     else:
-        build = {"idefics3": families.tiny_idefics3, "llava_onevision": families.tiny_llava_onevision,
-                 "internvl": families.tiny_internvl}[family]
+        build = {"idefics3": families.tiny_idefics3, "smolvlm": functools.partial(families.tiny_idefics3, smolvlm=True),
+                 "llava_onevision": families.tiny_llava_onevision, "internvl": families.tiny_internvl}[family]
         model = build(vocab=vocab, image=image)
+        if family == "llava_onevision":
+            model.config.video_token_id = ids["video_token"]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

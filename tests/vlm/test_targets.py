@@ -332,7 +332,10 @@ BAD_INPUTS = {
     "qwen/no token types": ("qwen2_5_vl", dict(mm_token_type_ids=None), "mm_token_type_ids: required"),
     "qwen/image token last": ("qwen2_5_vl", dict(mm_token_type_ids=lambda i: torch.cat(
         [i["mm_token_type_ids"][:, :-1], torch.ones(3, 1, dtype=torch.int)], 1)), "last prompt token of row"),
-    "qwen/video": ("qwen2_5_vl", dict(pixel_values_videos=torch.ones(2, 2)), "pixel_values_videos: not an input"),
+    "qwen/video without grid": ("qwen2_5_vl", dict(pixel_values_videos=torch.ones(2, 2)),
+                                "video_grid_thw: required with pixel_values_videos"),
+    "llava/video": ("llava", dict(pixel_values_videos=torch.ones(1, 2, 3, 32, 32)),
+                    "pixel_values_videos: not an input of LlavaTarget .* takes no videos"),
 }
 
 
