@@ -14,7 +14,7 @@ import torch
 
 from specmm.core.tree import TreeSpec
 from specmm.image_ar import ImageDrafter, ImageSampler, Lantern, image_model_for
-from specmm.image_ar.drafter_train import DrafterTrainConfig, train_image_drafter
+from specmm.image_ar.drafter_train import DrafterTrainConfig, train_drafter, train_image_drafter
 from specmm.image_ar.emu3 import Emu3ImageModel
 
 from .stock import WORDS, janus_processor, tiny_janus
@@ -40,7 +40,7 @@ def janus_case() -> dict:
     inputs = processor(text=held, generation_mode="image", padding=True, return_tensors="pt")
     reference = model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=SCALE)
     return dict(image_model=image_model_for(model, processor), train=dict(prompts=train, temperature=1.0),
-                held=dict(conditions=held), reference=lambda out: out.tokens, expected=reference)
+                held=dict(conditions=held), reference=lambda out: out.tokens, expected=reference, gain=0.7)
 
 
 def emu3_case() -> dict:
@@ -59,7 +59,7 @@ def emu3_case() -> dict:
     return dict(image_model=image_model, train=dict(prompts=train_ids, caption_mask=train_mask, temperature=0.0),
                 held=dict(conditions=held_ids, caption_mask=held_mask),
                 reference=lambda out: image_model.target.sequences(out.tokens),
-                expected=reference[:, held_ids.shape[1]:])
+                expected=reference[:, held_ids.shape[1]:], gain=0.4)
 
 
 @pytest.fixture(scope="module", params=["janus", "emu3"])
@@ -83,8 +83,9 @@ def test_trained_drafter_accepts_more_and_stays_exact(case):
     untrained, trained = sample(case, case["untrained"]), sample(case, case["trained"])
     for out in (untrained, trained):  # greedy exact SD is the model's own generate, drafter or not
         assert torch.equal(case["reference"](out), case["expected"])
-    # seeds 0-15 of the head and data: the gain is 0.85-1.45 (Janus) and 0.59-1.0 (Emu3) tokens per forward
-    assert trained.stats.mean_accepted > untrained.stats.mean_accepted + 0.4
+    # over seeds 0-15 of head and data the gain is 0.85-1.45 (Janus) and 0.59-1.0 (Emu3) tokens per forward; trained
+    # on features one position off it is 0.17-0.64 (Janus, seeds 0-7) and 0.05-0.65 (Emu3, seeds 0-5), 0.51 / 0.30 here
+    assert trained.stats.mean_accepted > untrained.stats.mean_accepted + case["gain"]
     lantern = sample(case, case["trained"], Lantern(k=3, delta=0.0))
     assert torch.equal(case["reference"](lantern), case["expected"])
 
@@ -94,3 +95,17 @@ def test_lantern_delta0_with_trained_drafter_samples_exact_sds_tokens(case):
     lantern = sample(case, case["trained"], Lantern(k=3, delta=0.0), temperature=1.0)
     assert torch.equal(exact.tokens, lantern.tokens)
     assert lantern.stats.moved_mass == 0.0 and exact.stats.mean_accepted > 1.0
+
+
+def test_bad_training_input_is_refused_before_any_work(case):
+    image_model, train = case["image_model"], case["train"]
+    drafter = case["untrained"]
+    codes = torch.zeros(3, image_model.tokens_per_image, dtype=torch.long)
+    with pytest.raises(ValueError, match="model: a drafter over .* trains through its image model"):
+        next(train_drafter(drafter, codes, train["prompts"][:3], progress=False))
+    with pytest.raises(ValueError, match=r"codes: expected image tokens \[M, "):
+        next(train_drafter(drafter, codes[:, :-1], train["prompts"][:3], progress=False, model=image_model))
+    with pytest.raises(ValueError, match="labels: 2 conditions for 3 images"):
+        next(train_drafter(drafter, codes, train["prompts"][:2], progress=False, model=image_model))
+    with pytest.raises(ValueError, match="images_per_prompt: expected an integer >= 1"):
+        train_image_drafter(image_model, train["prompts"], images_per_prompt=0)
