@@ -2,12 +2,26 @@
 
 Loss = SmoothL1(predicted feature, target feature) + ce_weight * CE(target soft labels, drafter logits),
 with uniform noise on the input features, as LANTERN trains its drafter.
+
+Any image model `ImageSampler` serves (LlamaGen, Janus-Pro, Emu3, ...) in one call, on images it samples itself:
+
+    from specmm.image_ar.drafter_train import DrafterTrainConfig, train_image_drafter
+    drafter = train_image_drafter(model, prompts, processor, cfg_scale=5.0, temperature=1.0, top_k=4096,
+                                  config=DrafterTrainConfig(steps=2000))
+    drafter.save_pretrained("drafter/")  # then `make_sampler(..., "lantern", drafter)` or `--drafter drafter/`
+
+`sample_training_tokens` draws the images (plain decoding, seeded per row), and `train_drafter(..., model=...)`
+trains on them: the target features come teacher-forced through the model's adapter
+(`ImageModel.target_features`: the guided target's own prefill and verify, the features the drafter reads
+while sampling). Without `model`, `train_drafter(drafter, codes, labels)` trains a LlamaGen drafter on class ids
+through the GPT's teacher-forced forward, as it always has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +29,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from specmm.image_ar.drafter import ImageDrafter
+from specmm.image_ar.llamagen.gpt import LlamaGenGPT
+from specmm.image_ar.models import ImageModel, image_model_for
 
 
 @dataclass
@@ -28,53 +44,179 @@ class DrafterTrainConfig:
     grad_clip: float = 0.5
 
 
-def drafter_loss(drafter: ImageDrafter, conditions: Tensor, tokens: Tensor, ce_weight: float = 0.1,
-                 feature_noise: float = 0.0, generator: torch.Generator | None = None) -> tuple[Tensor, dict]:
-    """Teacher-forced loss on image tokens [B, N] under conditions [B] (class ids, null ids allowed)."""
-    gpt, head = drafter.gpt, drafter.head
-    with torch.no_grad():
-        logits, features = gpt(conditions, tokens, return_features=True)  # [B, N, V], [B, N, d]
+def head_loss(drafter: ImageDrafter, features: Tensor, tokens: Tensor, ce_weight: float = 0.1,
+              feature_noise: float = 0.0, generator: torch.Generator | None = None,
+              logits: Tensor | None = None) -> tuple[Tensor, dict]:
+    """The head's teacher-forced loss on target features [R, N, d] of image tokens [R, N] (feature i predicts
+    token i); `logits`: the target's own [R, N, V] (default: the drafter's output head on the features)."""
+    lm, head = drafter.gpt, drafter.head
+    if logits is None:
+        with torch.no_grad():
+            logits = lm.logits(features)
     inputs = features[:, :-1]
     if feature_noise > 0:
         noise = torch.rand(inputs.shape, generator=generator).to(inputs.device) - 0.5
         inputs = inputs + noise * feature_noise
     cells = torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
-    predicted = head(gpt.tok_embeddings(tokens[:, :-1]).detach(), inputs, cells, None)  # [B, N-1, d]
+    predicted = head(lm.tok_embeddings(tokens[:, :-1]).detach(), inputs, cells, None)  # [R, N-1, d]
     feature_loss = F.smooth_l1_loss(predicted, features[:, 1:])
     soft = logits[:, 1:].softmax(-1)
-    ce = -(soft * gpt.logits(predicted).log_softmax(-1)).sum(-1).mean()
+    ce = -(soft * lm.logits(predicted).log_softmax(-1)).sum(-1).mean()
     with torch.no_grad():
-        top1 = (gpt.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).float().mean()
+        top1 = (lm.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).float().mean()
     return feature_loss + ce_weight * ce, {"feature": float(feature_loss.detach()), "ce": float(ce.detach()), "top1": float(top1)}
 
 
-def train_drafter(drafter: ImageDrafter, codes: Tensor, labels: Tensor, config: DrafterTrainConfig | None = None,
+def drafter_loss(drafter: ImageDrafter, conditions: Tensor, tokens: Tensor, ce_weight: float = 0.1,
+                 feature_noise: float = 0.0, generator: torch.Generator | None = None) -> tuple[Tensor, dict]:
+    """Teacher-forced loss of a LlamaGen drafter on image tokens [B, N] under conditions [B] (class ids, null ids
+    allowed)."""
+    with torch.no_grad():
+        logits, features = drafter.gpt(conditions, tokens, return_features=True)  # [B, N, V], [B, N, d]
+    return head_loss(drafter, features, tokens, ce_weight, feature_noise, generator, logits)
+
+
+def model_drafter_loss(model: ImageModel, drafter: ImageDrafter, conditions, tokens: Tensor, uncond: Tensor,
+                       cfg_scale: float = 1.0, ce_weight: float = 0.1, feature_noise: float = 0.0,
+                       generator: torch.Generator | None = None,
+                       caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+    """Teacher-forced loss through an image model's adapter: row b of tokens [B, N] under its condition, on the
+    uncond half's features where uncond[b] (cfg_scale > 1 only), else on the cond half's."""
+    features = model.target_features(conditions, tokens, cfg_scale, caption_mask=caption_mask)  # [R, N, d]
+    batch = tokens.shape[0]
+    rows = torch.arange(batch, device=features.device)
+    if features.shape[0] == 2 * batch:
+        rows = torch.where(uncond.to(features.device), rows + batch, rows)
+    return head_loss(drafter, features[rows], tokens.to(features.device), ce_weight, feature_noise, generator)
+
+
+def train_drafter(drafter: ImageDrafter, codes: Tensor, labels, config: DrafterTrainConfig | None = None,
                   seed: int = 0, progress: bool = True, start_step: int = 0, optimizer=None,
-                  on_step=None) -> Iterator[dict]:
-    """Train on (codes [M, N], labels [M]); yields metrics per step. Null-class rows train the uncond half."""
+                  on_step=None, *, model: Any = None, cfg_scale: float = 1.0,
+                  caption_mask: Tensor | None = None) -> Iterator[dict]:
+    """Train on (codes [M, N], labels); yields metrics per step.
+
+    Without `model`: a LlamaGen drafter, labels [M] class ids; null-class rows train the uncond half. With `model`
+    (a LlamaGen, an `ImageModel`, or a stock generator `ImageSampler.for_model` serves): labels are row m's
+    conditions (text prompts, prompt ids [M, L] with `caption_mask`, class ids), the features come through the
+    model's adapter, and with cfg_scale > 1 a share `uncond_fraction` of rows trains the uncond half."""
     config = config or DrafterTrainConfig()
+    image_model = None if model is None else image_model_for(model)
+    if image_model is None and not isinstance(drafter.gpt, LlamaGenGPT):
+        raise ValueError(f"model: a drafter over {type(drafter.gpt).__name__} trains through its image model; "
+                         "pass model= (the generator it drafts for)")
+    if image_model is not None:
+        check_training_set(image_model, codes, labels, caption_mask)
     gen = torch.Generator().manual_seed(seed)
     for p in drafter.gpt.parameters():
         p.requires_grad_(False)
     drafter.head.train()
     optimizer = optimizer or torch.optim.AdamW(drafter.head.parameters(), lr=config.lr, betas=(0.9, 0.95))
-    null = drafter.gpt.config.num_classes
     bar = tqdm(range(start_step, config.steps), disable=not progress, desc="image drafter")
     for step in bar:
         gen.manual_seed(seed * 100003 + step)  # resumable: each step's batch depends only on the step
         index = torch.randint(len(codes), (config.batch_size,), generator=gen)
-        conditions = labels[index].clone()
         drop = torch.rand(config.batch_size, generator=gen) < config.uncond_fraction
-        if drafter.gpt.config.has_null_class:
-            conditions[drop] = null
-        loss, metrics = drafter_loss(drafter, conditions.to(drafter.device), codes[index].to(drafter.device),
-                                     config.ce_weight, config.feature_noise, gen)
+        if image_model is None:
+            conditions = labels[index].clone()
+            if drafter.gpt.config.has_null_class:
+                conditions[drop] = drafter.gpt.config.num_classes
+            loss, metrics = drafter_loss(drafter, conditions.to(drafter.device), codes[index].to(drafter.device),
+                                         config.ce_weight, config.feature_noise, gen)
+        else:
+            loss, metrics = model_drafter_loss(image_model, drafter, take_rows(labels, index), codes[index], drop,
+                                               cfg_scale, config.ce_weight, config.feature_noise, gen,
+                                               take_rows(caption_mask, index))
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.head.parameters(), config.grad_clip)
         optimizer.step()
-        bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{metrics['top1']:.2f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{metrics['top1']:.2f}")
         if on_step is not None:
             on_step(step, optimizer)
-        yield {"step": step, "loss": float(loss), **metrics}
+        yield {"step": step, "loss": float(loss.detach()), **metrics}
     drafter.head.eval()
+
+
+def take_rows(conditions, index: Tensor):
+    """Rows `index` of conditions: a list of prompts, a tensor, or a mapping of tensors (processor output)."""
+    if conditions is None:
+        return None
+    if isinstance(conditions, Tensor):
+        return conditions[index.to(conditions.device)]
+    if isinstance(conditions, Mapping):
+        return {key: take_rows(value, index) for key, value in conditions.items()}
+    return [conditions[i] for i in index.tolist()]
+
+
+def count_rows(conditions) -> int:
+    if isinstance(conditions, str):
+        raise ValueError("prompts: expected a list of prompts (one per row), got a single string")
+    if isinstance(conditions, Mapping):
+        conditions = conditions.get("input_ids")
+    if not isinstance(conditions, (Tensor, list, tuple)):
+        raise ValueError(f"prompts: expected a list of prompts, a tensor or processor output, got "
+                         f"{type(conditions).__name__}")
+    return len(conditions)
+
+
+def check_training_set(model: ImageModel, codes: Tensor, labels, caption_mask: Tensor | None) -> None:
+    """ValueError before any work unless codes [M, N] are whole images of the model's codes, one label row each."""
+    n, vocab = model.tokens_per_image, model.target.vocab_size
+    if not isinstance(codes, Tensor) or codes.dim() != 2 or codes.shape[1] != n or codes.shape[0] == 0:
+        shape = tuple(codes.shape) if isinstance(codes, Tensor) else type(codes).__name__
+        raise ValueError(f"codes: expected image tokens [M, {n}], got {shape}")
+    if int(codes.min()) < 0 or int(codes.max()) >= vocab:
+        raise ValueError(f"codes: image tokens must be in [0, {vocab})")
+    if count_rows(labels) != codes.shape[0]:
+        raise ValueError(f"labels: {count_rows(labels)} conditions for {codes.shape[0]} images")
+    if caption_mask is not None and caption_mask.shape[0] != codes.shape[0]:
+        raise ValueError(f"caption_mask: {caption_mask.shape[0]} rows for {codes.shape[0]} images")
+
+
+@torch.no_grad()
+def sample_training_tokens(model: Any, prompts, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
+                           top_p: float = 1.0, batch_size: int = 8, seed: int = 0,
+                           caption_mask: Tensor | None = None) -> Tensor:
+    """The model's own images for drafter training: image tokens [M, N], one per prompt, by plain decoding
+    (`ImageSampler(proposer="ar")`), row m drawn with its own generator (seed, m): batching changes nothing."""
+    from specmm.image_ar.sampler import ImageSampler
+
+    model = image_model_for(model)
+    rows = count_rows(prompts)
+    if rows == 0 or batch_size < 1:
+        raise ValueError(f"prompts / batch_size: expected at least one prompt and batch_size >= 1, got {rows} and "
+                         f"{batch_size}")
+    sampler = ImageSampler(model, proposer="ar")
+    device = model.target.device
+    chunks = []
+    for start in range(0, rows, batch_size):
+        index = torch.arange(start, min(rows, start + batch_size))
+        gens = [torch.Generator(device).manual_seed(seed * 1000003 + int(m)) for m in index]
+        out = sampler.sample(take_rows(prompts, index), cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                             top_p=top_p, generator=gens, caption_mask=take_rows(caption_mask, index), decode=False)
+        chunks.append(out.tokens.cpu())
+    return torch.cat(chunks)
+
+
+def train_image_drafter(model: Any, prompts, processor: Any = None, *, cfg_scale: float = 1.0,
+                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, images_per_prompt: int = 1,
+                        config: DrafterTrainConfig | None = None, seed: int = 0, caption_mask: Tensor | None = None,
+                        drafter: ImageDrafter | None = None, progress: bool = True) -> ImageDrafter:
+    """An `ImageDrafter` for `model` (a stock generator with its processor, an `ImageModel`, or a LlamaGen) trained
+    on `images_per_prompt` images it samples itself per prompt (at the given guidance and sampling settings), the
+    head seeded by `seed` (or `drafter` trained further)."""
+    if isinstance(images_per_prompt, bool) or not isinstance(images_per_prompt, int) or images_per_prompt < 1:
+        raise ValueError(f"images_per_prompt: expected an integer >= 1, got {images_per_prompt!r}")
+    image_model = image_model_for(model, processor)
+    repeat = torch.arange(count_rows(prompts)).repeat_interleave(images_per_prompt)
+    prompts, caption_mask = take_rows(prompts, repeat), take_rows(caption_mask, repeat)
+    codes = sample_training_tokens(image_model, prompts, cfg_scale, temperature, top_k, top_p, seed=seed,
+                                   caption_mask=caption_mask)
+    if drafter is None:
+        torch.manual_seed(seed)
+        drafter = ImageDrafter.for_target(image_model.lm)
+    for _ in train_drafter(drafter, codes, prompts, config, seed, progress, model=image_model, cfg_scale=cfg_scale,
+                           caption_mask=caption_mask):
+        pass
+    return drafter

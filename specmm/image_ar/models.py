@@ -12,7 +12,11 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from PIL import Image
+import torch
 from torch import Tensor, nn
+
+from specmm.core.target import FEATURES
+from specmm.core.tree import DraftTree
 
 
 @runtime_checkable
@@ -45,6 +49,13 @@ class ImageModel(Protocol):
 
     def decode(self, tokens: Tensor) -> list[Image.Image]:
         """Image tokens [B, N] -> PIL images."""
+        ...
+
+    def target_features(self, conditions: Any, tokens: Tensor, cfg_scale: float = 1.0,
+                        caption_mask: Tensor | None = None) -> Tensor:
+        """Teacher forcing for drafter training: the target's features at every image position of tokens [B, N]
+        under `conditions` -> [R, N, d] (R = 2B when cfg_scale > 1: cond rows, then uncond), feature i the one
+        that predicts token i, as `ImageDrafter` reads them while sampling (`teacher_forced_features`)."""
         ...
 
 
@@ -102,6 +113,30 @@ def refuse_options(options: dict, model: str) -> None:
         raise ValueError(f"{', '.join(sorted(options))}: not a sampling option of {model}")
 
 
+@torch.no_grad()
+def teacher_forced_features(target: Any, conditioning: dict, tokens: Tensor) -> Tensor:
+    """Image tokens [B, N] through a guided core target: its conditioning prefill (the prompt's last position,
+    which predicts token 0), then one verify of tokens 0..N-2 as a chain -> features [R, N, d] (both guidance
+    halves, cond rows first). The same forwards a sampling run makes, hence the features the drafter reads there.
+    `conditioning`: the target's model inputs (`ImageModel.conditioning`), reserving at least N - 1 tree nodes."""
+    batch, n = tokens.shape
+    plan, target.static_plan = target.static_plan, None  # eager: a whole-image chain is no sampling shape
+    prompt = torch.zeros(batch, 0, dtype=torch.long, device=target.device)
+    try:
+        target.start(batch, needs=frozenset({FEATURES}))
+        features = [target.prefill(prompt, prompt, **conditioning).features]  # [B, 1, F]
+        if n > 1:
+            steps = torch.arange(n - 1, device=target.device).expand(batch, -1)
+            chain = DraftTree(tokens=tokens[:, :-1].to(target.device), parents=steps - 1, depth=steps,
+                              valid=torch.ones_like(steps, dtype=torch.bool), max_depth=n - 2, max_children=1)
+            features.append(target.verify(chain).features)  # [B, N - 1, F]
+        packed = torch.cat(features, 1)
+        return torch.cat(packed.chunk(2, -1)) if target.guided else packed
+    finally:
+        target.close()
+        target.static_plan = plan
+
+
 def _load_builtin() -> None:
     """Import the adapters shipped with specmm (each registers itself); missing optional ones are skipped."""
     import importlib
@@ -115,4 +150,4 @@ def _load_builtin() -> None:
 
 
 __all__ = ["ImageModel", "image_model_for", "load_pretrained", "refuse_options", "register_image_model",
-           "supported_models"]
+           "supported_models", "teacher_forced_features"]
