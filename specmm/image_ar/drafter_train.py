@@ -108,34 +108,39 @@ def train_drafter(drafter: ImageDrafter, codes: Tensor, labels, config: DrafterT
     if image_model is not None:
         check_training_set(image_model, codes, labels, caption_mask)
     gen = torch.Generator().manual_seed(seed)
-    for p in drafter.gpt.parameters():
+    model_grads = [(p, p.requires_grad) for p in drafter.gpt.parameters()]  # the user's model: restored at the end
+    for p, _ in model_grads:
         p.requires_grad_(False)
-    drafter.head.train()
-    optimizer = optimizer or torch.optim.AdamW(drafter.head.parameters(), lr=config.lr, betas=(0.9, 0.95))
-    bar = tqdm(range(start_step, config.steps), disable=not progress, desc="image drafter")
-    for step in bar:
-        gen.manual_seed(seed * 100003 + step)  # resumable: each step's batch depends only on the step
-        index = torch.randint(len(codes), (config.batch_size,), generator=gen)
-        drop = torch.rand(config.batch_size, generator=gen) < config.uncond_fraction
-        if image_model is None:
-            conditions = labels[index].clone()
-            if drafter.gpt.config.has_null_class:
-                conditions[drop] = drafter.gpt.config.num_classes
-            loss, metrics = drafter_loss(drafter, conditions.to(drafter.device), codes[index].to(drafter.device),
-                                         config.ce_weight, config.feature_noise, gen)
-        else:
-            loss, metrics = model_drafter_loss(image_model, drafter, take_rows(labels, index), codes[index], drop,
-                                               cfg_scale, config.ce_weight, config.feature_noise, gen,
-                                               take_rows(caption_mask, index))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.head.parameters(), config.grad_clip)
-        optimizer.step()
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{metrics['top1']:.2f}")
-        if on_step is not None:
-            on_step(step, optimizer)
-        yield {"step": step, "loss": float(loss.detach()), **metrics}
-    drafter.head.eval()
+    try:
+        drafter.head.train()
+        optimizer = optimizer or torch.optim.AdamW(drafter.head.parameters(), lr=config.lr, betas=(0.9, 0.95))
+        bar = tqdm(range(start_step, config.steps), disable=not progress, desc="image drafter")
+        for step in bar:
+            gen.manual_seed(seed * 100003 + step)  # resumable: each step's batch depends only on the step
+            index = torch.randint(len(codes), (config.batch_size,), generator=gen)
+            drop = torch.rand(config.batch_size, generator=gen) < config.uncond_fraction
+            if image_model is None:
+                conditions = labels[index].clone()
+                if drafter.gpt.config.has_null_class:
+                    conditions[drop] = drafter.gpt.config.num_classes
+                loss, metrics = drafter_loss(drafter, conditions.to(drafter.device), codes[index].to(drafter.device),
+                                             config.ce_weight, config.feature_noise, gen)
+            else:
+                loss, metrics = model_drafter_loss(image_model, drafter, take_rows(labels, index), codes[index], drop,
+                                                   cfg_scale, config.ce_weight, config.feature_noise, gen,
+                                                   take_rows(caption_mask, index))
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.head.parameters(), config.grad_clip)
+            optimizer.step()
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1=f"{metrics['top1']:.2f}")
+            if on_step is not None:
+                on_step(step, optimizer)
+            yield {"step": step, "loss": float(loss.detach()), **metrics}
+        drafter.head.eval()
+    finally:
+        for p, wanted in model_grads:
+            p.requires_grad_(wanted)
 
 
 def take_rows(conditions, index: Tensor):

@@ -29,6 +29,7 @@ def test_drafter_training_lowers_loss_and_round_trips(lg, tmp_path):
     codes[:, 1::2] = codes[:, 0::2]  # a learnable pattern: every second token repeats its left neighbour
     labels = torch.randint(0, 10, (32,))
     drafter = ImageDrafter.for_target(lg.gpt)
+    target_before = {name: (w.detach().clone(), w.requires_grad) for name, w in lg.gpt.named_parameters()}
     eval_codes, eval_labels = codes[:8], labels[:8]
     before = float(drafter_loss(drafter, eval_labels, eval_codes)[0])
     metrics = list(train_drafter(drafter, codes, labels, DrafterTrainConfig(steps=30, batch_size=8, lr=3e-3),
@@ -38,4 +39,5 @@ def test_drafter_training_lowers_loss_and_round_trips(lg, tmp_path):
     drafter.save_pretrained(tmp_path / "drafter")
     loaded = ImageDrafter.from_pretrained(tmp_path / "drafter", lg.gpt)
     assert float(drafter_loss(loaded, eval_labels, eval_codes)[0]) == after
-    assert all(not p.requires_grad for p in lg.gpt.parameters())
+    for name, w in lg.gpt.named_parameters():  # the target is not trained, and its flags are the user's again
+        assert torch.equal(w, target_before[name][0]) and w.requires_grad == target_before[name][1], name
