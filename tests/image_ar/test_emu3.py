@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from tokenizers import Tokenizer, models
 from transformers import (
     Emu3Config,
@@ -21,6 +20,8 @@ from specmm.core.sampling import SamplingConfig, process_logits
 from specmm.core.tree import TreeSpec
 from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern
 from specmm.image_ar.emu3 import Emu3ImageModel
+
+from .test_sampler_distribution import assert_images_match
 
 HEIGHT, WIDTH, SCALE = 2, 3, 3.0
 MARKERS = ["<|endoftext|>", "<|extra_203|>", "<|extra_204|>", "<image>", "<|extra_200|>", "<|extra_201|>",
@@ -175,14 +176,7 @@ def check_samples(setup, sampler) -> None:
     image_model, prompt, codes, probs = setup
     out = sampler.sample(prompt.expand(SAMPLES, -1), cfg_scale=SCALE, temperature=1.0,
                          generator=torch.Generator().manual_seed(0), decode=False)
-    index = {tuple(c): i for i, c in enumerate(codes.tolist())}
-    counts = torch.zeros(len(codes), dtype=torch.float64)
-    for row in out.tokens.tolist():
-        counts[index[tuple(row)]] += 1
-    wanted = probs * SAMPLES
-    big = wanted >= 5
-    observed, wanted = (torch.cat([x[big], x[~big].sum()[None]]) for x in (counts, wanted))
-    assert chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
+    assert_images_match(out.tokens, codes.tolist(), probs)
     assert out.stats.step_compression > 1.0  # drafts were really accepted
     distinct = torch.unique(out.tokens, dim=0)  # the constraint at every accepted token, on each distinct image
     assert_constraint_holds(image_model.emu3, prompt[0], image_model.target.sequences(distinct))

@@ -10,7 +10,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers.generation.logits_process import (
     ClassifierFreeGuidanceLogitsProcessor,
     TemperatureLogitsWarper,
@@ -21,6 +20,7 @@ from specmm.core.tree import TreeSpec
 from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern
 
 from .stock import janus_processor, tiny_janus
+from .test_sampler_distribution import assert_images_match
 
 PROMPTS = ["a red cat on the mat under the big tree", "blue sky"]  # different lengths: left padding
 SCALE = 3.0
@@ -90,16 +90,7 @@ def hf_probabilities(model, processor) -> tuple[list[tuple[int, ...]], torch.Ten
 def check_distribution(sampler, expected, sequences) -> None:
     out = sampler.sample(PROMPTS[:1] * SAMPLES, cfg_scale=SCALE, temperature=TEMPERATURE, top_k=TOP_K,
                          generator=torch.Generator().manual_seed(0), decode=False)
-    index = {s: i for i, s in enumerate(sequences)}
-    counts = torch.zeros(len(sequences), dtype=torch.float64)
-    for row in out.tokens.tolist():
-        counts[index[tuple(row)]] += 1
-    wanted = expected * SAMPLES
-    big = wanted >= 5
-    observed = torch.cat([counts[big], counts[~big].sum()[None]])
-    wanted = torch.cat([wanted[big], wanted[~big].sum()[None]])
-    assert counts[expected == 0].sum() == 0  # nothing outside the top-k support
-    assert chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
+    assert_images_match(out.tokens, sequences, expected)
     assert out.stats.step_compression > 1.0  # drafts were really accepted
 
 

@@ -8,11 +8,12 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specmm.core.sampling import SamplingConfig, process_logits
 from specmm.core.tree import TreeSpec
 from specmm.image_ar import ImageDrafter, ImageSampler
+
+from tests.core.test_engine_sampling import assert_matches
 
 from .conftest import tiny_llamagen
 
@@ -39,17 +40,18 @@ def _check(lg, sampler) -> None:
     sequences, expected = _exact_probabilities(lg)
     out = sampler.sample(torch.full((SAMPLES,), CLASS), cfg_scale=SCALE, temperature=1.0, top_k=3,
                          generator=torch.Generator().manual_seed(0), decode=False)
-    index = {s: i for i, s in enumerate(sequences)}
-    counts = torch.zeros(len(sequences), dtype=torch.float64)
-    for row in out.tokens.tolist():
-        counts[index[tuple(row)]] += 1
-    wanted = expected * SAMPLES
-    big = wanted >= 5
-    observed = torch.cat([counts[big], counts[~big].sum()[None]])
-    wanted = torch.cat([wanted[big], wanted[~big].sum()[None]])
-    assert counts[expected == 0].sum() == 0  # nothing outside the top-k support
-    assert chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
+    assert_images_match(out.tokens, sequences, expected)
     assert out.stats.step_compression > 1.0  # drafts were really accepted
+
+
+def assert_images_match(tokens, sequences, expected) -> None:
+    """Sampled images `tokens` [n, N] against the exact probability `expected` [S] of each image in `sequences`:
+    chi-square (small cells pooled), and no image outside the support."""
+    index = {tuple(seq): i for i, seq in enumerate(sequences)}
+    counts = torch.zeros(len(sequences), dtype=torch.float64)
+    for row in tokens.tolist():
+        counts[index[tuple(row)]] += 1
+    assert_matches(counts, expected)
 
 
 def test_sjd_jacobi_samples_target_distribution(model):
