@@ -248,10 +248,9 @@ def test_greedy_tokens_equal_stock_generate(family, method):
     assert any(stopped) and not all(stopped), "EOS must end some rows and not others"
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_prefill_features_equal_stock_forward(family):
-    """The prompt prefill (mask and positions) gives the stock forward's last hidden states at every prompt token."""
-    model, inputs, _, _ = setup(family)
+def assert_prefill_features_equal_stock(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's prefill of the prompt minus its last token gives the stock forward's last hidden states there;
+    returns those states [B, L-1, d] and where they are valid [B, L-1]."""
     target = as_target(model)
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
@@ -264,6 +263,14 @@ def test_prefill_features_equal_stock_forward(family):
         stock = model.model(**inputs).last_hidden_state[:, :-1]
     valid = mask[:, :-1].bool()
     torch.testing.assert_close(out.features[valid], stock[valid], atol=1e-6, rtol=0)
+    return stock, valid
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prefill_features_equal_stock_forward(family):
+    """The prompt prefill (mask and positions) gives the stock forward's last hidden states at every prompt token."""
+    model, inputs, _, _ = setup(family)
+    stock, valid = assert_prefill_features_equal_stock(model, inputs)
     if family == "gemma3":  # the check can fail: a causal image prefill gives other features
         with torch.no_grad():
             causal = model.model(**{k: v for k, v in inputs.items() if k != "token_type_ids"}).last_hidden_state

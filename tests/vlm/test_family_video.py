@@ -12,7 +12,6 @@ from transformers.utils import is_num2words_available
 
 import specmm
 import specmm.vlm
-from specmm.core.target import FEATURES, as_target
 from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
 from tests.conftest import report_acceptance
 from tests.vlm import test_families as families
@@ -139,18 +138,7 @@ def test_greedy_tokens_with_videos_equal_stock_generate(family, method):
 def test_video_prefill_features_equal_stock_forward(family):
     """The prefill's M-RoPE positions over time (and DeepStack on video tokens) give the stock forward's features."""
     model, inputs, _, _ = setup(family)
-    target = as_target(model)
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    target.start(ids.shape[0], needs=frozenset({FEATURES}))
-    try:
-        out = target.prefill(ids[:, :-1], mask[:, :-1], **extra)
-    finally:
-        target.close()
-    with torch.no_grad():
-        stock = model.model(**inputs).last_hidden_state[:, :-1]
-    valid = mask[:, :-1].bool()
-    torch.testing.assert_close(out.features[valid], stock[valid], atol=1e-6, rtol=0)
+    families.assert_prefill_features_equal_stock(model, inputs)
 
 
 def _types_last(value: int):
