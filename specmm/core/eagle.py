@@ -241,8 +241,9 @@ class EagleDrafter:
             slots.add(depth, out.last_hidden_state)
             return self.lm_head(out.last_hidden_state)
 
+        compiled = self.static_plan is not None and self.static_plan.compile
         tree = grow_tree(spec, roots, self.lm_head(root_hidden), self._expander(expand, root_hidden), sampling,
-                         generators)
+                         generators, compiled=compiled)
         self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
         return tree
 
