@@ -54,10 +54,13 @@ class GSD(ExactRule):
         """[N, V] bool: G(x) for each draft (always containing x)."""
         _rows, vocab = target_probs.shape
         order = torch.argsort(target_probs, dim=-1, descending=True, stable=True)  # [N, V]
-        rank = order.argsort(-1).gather(-1, tokens[:, None])  # [N, 1]
+        # x's place in that order, counted instead of a second sort: tokens more probable, then equal ones before it
+        p_x = target_probs.gather(-1, tokens[:, None])  # [N, 1]
+        earlier = torch.arange(vocab, device=tokens.device) < tokens[:, None]  # [N, V]
+        before = (target_probs > p_x) | ((target_probs == p_x) & earlier)
+        rank = before.sum(-1, keepdim=True)  # [N, 1]
         offsets = torch.arange(self.window, device=tokens.device) - self.window // 2
         near = order.gather(-1, (rank + offsets).clamp(0, vocab - 1))  # [N, W]
-        p_x = target_probs.gather(-1, tokens[:, None])
         keep = (target_probs.gather(-1, near) - p_x).abs() < self.p_gap
         if self.embeddings is not None and self.d_max is not None:
             emb = self.embeddings.to(target_probs.device)

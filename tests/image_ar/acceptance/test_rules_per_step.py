@@ -110,3 +110,16 @@ def test_gsd_distance_bound_grows_with_its_calibration_quantile():
     codebook = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
     tight, loose = GSD(quantile=0.05).bind(codebook), GSD(quantile=0.5).bind(codebook)
     assert 0 < tight.d_max < loose.d_max
+
+
+def test_gsd_group_is_the_rank_window_of_the_stable_descending_order_ties_included():
+    """The group is the window around x's place in the target's stable descending order (ties by token id)."""
+    probs = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.05, 0.15], [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]])
+    rule = GSD(window=3, p_gap=1.0)
+    for row in range(2):
+        order = torch.argsort(probs[row], descending=True, stable=True).tolist()
+        for token in range(6):
+            rank = order.index(token)
+            expected = {order[i] for i in range(max(rank - 1, 0), min(rank + 2, 6))} | {token}
+            group = rule.group(probs[row: row + 1], torch.tensor([token]))[0]
+            assert set(group.nonzero()[:, 0].tolist()) == expected, (row, token)
