@@ -86,7 +86,8 @@ class ModelRunner:
         if static is None:
             self.cache = RowCache(batch, model_device(model))
         else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
-            layers = model.config.get_text_config().num_hidden_layers
+            # a model whose layers outnumber its config's (a drafter head with extra cached layers) says so
+            layers = getattr(model, "num_cache_layers", None) or model.config.get_text_config().num_hidden_layers
             self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve,
                                         compile=static.compile)
             self.compiled = compiled_forward(model, static.mode) if static.compile else None

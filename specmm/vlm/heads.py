@@ -152,6 +152,11 @@ class DreamHead(nn.Module):
         ratio = getattr(self.config, "keep_ratio", 1.0)
         return Identity() if ratio >= 1.0 else AttentionTopK(ratio)
 
+    @property
+    def num_cache_layers(self) -> int:
+        """Cache layers a static cache must hold: all three layers cache keys, whatever the config says."""
+        return len(self.layers)
+
     def forward(self, inputs_embeds: Tensor, cross_states: Tensor, attention_mask: Tensor,
                 position_ids: Tensor, past_key_values=None, use_cache: bool = False, **kwargs) -> DreamOutput:
         """attention_mask: [B, 1, n, S] (bool, or additive float) from the runner, or [B, n] key validity."""

@@ -76,7 +76,9 @@ class _LastLayerAttention:
     def scores(self) -> Tensor:
         """[B, L-1] attention received per position (rows: the prefill block)."""
         kwargs = dict(self.kwargs, past_key_values=None)
-        mask = kwargs["attention_mask"]  # [B, 1, n, n] over the block (the cache was empty at prefill)
+        # [B, 1, n, n] over the block: the cache was empty at prefill, so the block sits in its first n slots
+        # (a static cache's mask covers the whole buffer; the rest of it is empty)
+        mask = kwargs["attention_mask"][..., : kwargs["hidden_states"].shape[1]]
         sees = mask if mask.dtype == torch.bool else mask == 0
         dtype = kwargs["hidden_states"].dtype
         kwargs["attention_mask"] = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(

@@ -1,5 +1,6 @@
 """Compiled mode on VLM targets: LLaVA, Qwen2.5-VL (M-RoPE) and Gemma 3 (bidirectional image blocks) with the
-vispec and eagle drafters give the stock `generate` tokens. Graphs are captured with the aot_eager backend (see
+VisionDrafter methods give the stock `generate` tokens (DREAM's prefill reads the last layer's attention through
+the static cache's whole-buffer mask). Graphs are captured with the aot_eager backend (see
 tests/core/test_compiled.py)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from tests.vlm.test_drafter import SPECS, drafter_for
 from tests.vlm.test_targets import MAX_NEW, PAD, setup
 
 
-@pytest.mark.parametrize("method", ["vispec", "eagle"])
-@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
+@pytest.mark.parametrize("family, method", [("llava", "vispec"), ("llava", "eagle"), ("llava", "dream"),
+                                            ("qwen2_5_vl", "vispec"), ("qwen2_5_vl", "eagle"), ("qwen2_5_vl", "dream")])
 def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch):
     monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
     model, inputs, eos, reference = setup(family)
