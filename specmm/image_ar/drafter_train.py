@@ -12,7 +12,7 @@ Any image model `ImageSampler` serves (LlamaGen, Janus-Pro, Emu3, ...) in one ca
 
 `sample_training_tokens` draws the images (plain decoding, seeded per row), and `train_drafter(..., model=...)`
 trains on them: the target features come teacher-forced through the model's adapter
-(`ImageModel.target_features`: the guided target's own prefill and verify, the features the drafter reads
+(`teacher_forced_features`: the guided target's own prefill and verify, the features the drafter reads
 while sampling). Without `model`, `train_drafter(drafter, codes, labels)` trains a LlamaGen drafter on class ids
 through the GPT's teacher-forced forward, as it always has.
 """
@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from specmm.image_ar.drafter import ImageDrafter
 from specmm.image_ar.llamagen.gpt import LlamaGenGPT
-from specmm.image_ar.models import ImageModel, image_model_for
+from specmm.image_ar.models import ImageModel, image_model_for, teacher_forced_features
 
 
 @dataclass
@@ -82,7 +82,7 @@ def model_drafter_loss(model: ImageModel, drafter: ImageDrafter, conditions, tok
                        caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
     """Teacher-forced loss through an image model's adapter: row b of tokens [B, N] under its condition, on the
     uncond half's features where uncond[b] (cfg_scale > 1 only), else on the cond half's."""
-    features = model.target_features(conditions, tokens, cfg_scale, caption_mask=caption_mask)  # [R, N, d]
+    features = teacher_forced_features(model, conditions, tokens, cfg_scale, caption_mask)  # [R, N, d]
     batch = tokens.shape[0]
     rows = torch.arange(batch, device=features.device)
     if features.shape[0] == 2 * batch:

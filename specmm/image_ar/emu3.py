@@ -14,7 +14,7 @@ from specmm.image_ar.emu3_target import Emu3Target, Emu3Vocabulary
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import register_image_model, teacher_forced_features
+from specmm.image_ar.models import register_image_model
 
 
 class Emu3DrafterView(nn.Module):
@@ -125,12 +125,6 @@ class Emu3ImageModel:
         if self.processor is None:
             return to_pil(pixels)
         return self.processor.postprocess(list(pixels.float()), return_tensors="PIL.Image.Image")["pixel_values"]
-
-    def target_features(self, conditions, tokens: Tensor, cfg_scale: float = 1.0,
-                        caption_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced target features [R, N, d] of image tokens [B, N] (drafter training)."""
-        _, inputs = self.conditioning(conditions, cfg_scale, max(tokens.shape[1], 1), caption_mask=caption_mask)
-        return teacher_forced_features(self.target, inputs, tokens)
 
 
 def generate_size(ratio: str, image_area: int, downsample: int) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from specmm.core.tree import DraftTree
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import refuse_options, register_image_model, teacher_forced_features
+from specmm.image_ar.models import refuse_options, register_image_model
 from specmm.image_ar.target import cache_rows, combine, pack
 
 CONDITIONING = ("prompt_ids", "prompt_mask", "cfg_scale", "cfg_interval", "max_nodes", "caption_mask")
@@ -239,12 +239,6 @@ class JanusImageModel:
     def decode(self, tokens: Tensor) -> list[Image.Image]:
         """VQ decode (`decode_image_tokens`, pixels in [-1, 1]) -> PIL, as Janus's image postprocess does."""
         return to_pil(self.janus.decode_image_tokens(tokens).permute(0, 3, 1, 2))
-
-    def target_features(self, conditions, tokens: Tensor, cfg_scale: float = 1.0,
-                        caption_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced target features [R, N, d] of image tokens [B, N] (drafter training)."""
-        _, inputs = self.conditioning(conditions, cfg_scale, max(tokens.shape[1], 1), caption_mask=caption_mask)
-        return teacher_forced_features(self.target, inputs, tokens)
 
 
 register_image_model("JanusForConditionalGeneration", JanusImageModel)

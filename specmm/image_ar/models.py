@@ -51,13 +51,6 @@ class ImageModel(Protocol):
         """Image tokens [B, N] -> PIL images."""
         ...
 
-    def target_features(self, conditions: Any, tokens: Tensor, cfg_scale: float = 1.0,
-                        caption_mask: Tensor | None = None) -> Tensor:
-        """Teacher forcing for drafter training: the target's features at every image position of tokens [B, N]
-        under `conditions` -> [R, N, d] (R = 2B when cfg_scale > 1: cond rows, then uncond), feature i the one
-        that predicts token i, as `ImageDrafter` reads them while sampling (`teacher_forced_features`)."""
-        ...
-
 
 Builder = Callable[[nn.Module, Any], ImageModel]
 _BUILDERS: dict[str, Builder] = {}
@@ -114,12 +107,15 @@ def refuse_options(options: dict, model: str) -> None:
 
 
 @torch.no_grad()
-def teacher_forced_features(target: Any, conditioning: dict, tokens: Tensor) -> Tensor:
-    """Image tokens [B, N] through a guided core target: its conditioning prefill (the prompt's last position,
-    which predicts token 0), then one verify of tokens 0..N-2 as a chain -> features [R, N, d] (both guidance
-    halves, cond rows first). The same forwards a sampling run makes, hence the features the drafter reads there.
-    `conditioning`: the target's model inputs (`ImageModel.conditioning`), reserving at least N - 1 tree nodes."""
+def teacher_forced_features(model: ImageModel, conditions: Any, tokens: Tensor, cfg_scale: float = 1.0,
+                            caption_mask: Tensor | None = None) -> Tensor:
+    """Teacher forcing for drafter training: image tokens [B, N] under `conditions` through the model's guided
+    target, its conditioning prefill (the prompt's last position, which predicts token 0), then one verify of tokens
+    0..N-2 as a chain -> features [R, N, d] (R = 2B when cfg_scale > 1: cond rows, then uncond), feature i the one
+    that predicts token i. The same forwards a sampling run makes, hence the features the drafter reads there."""
     batch, n = tokens.shape
+    _, conditioning = model.conditioning(conditions, cfg_scale, max(n, 1), caption_mask=caption_mask)
+    target = model.target
     plan, target.static_plan = target.static_plan, None  # eager: a whole-image chain is no sampling shape
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=target.device)
     try:

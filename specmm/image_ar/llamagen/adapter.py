@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.model import LlamaGen
-from specmm.image_ar.models import refuse_options, teacher_forced_features
+from specmm.image_ar.models import refuse_options
 from specmm.image_ar.target import GuidedTarget
 
 
@@ -45,12 +45,6 @@ class LlamaGenImageModel:
 
     def decode(self, tokens: Tensor) -> list[Image.Image]:
         return to_pil(self.lg.decode(tokens))
-
-    def target_features(self, conditions, tokens: Tensor, cfg_scale: float = 1.0,
-                        caption_mask: Tensor | None = None) -> Tensor:
-        """Teacher-forced target features [R, N, d] of image tokens [B, N] (drafter training)."""
-        _, inputs = self.conditioning(conditions, cfg_scale, max(tokens.shape[1], 1), caption_mask=caption_mask)
-        return teacher_forced_features(self.target, inputs, tokens)
 
 
 def check_cfg_scale(cfg_scale) -> None:
