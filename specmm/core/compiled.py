@@ -34,6 +34,11 @@ class StaticPlan:
     mode: str | None = None  # torch.compile mode: None on CPU, "reduce-overhead" (CUDA graphs) on CUDA
 
 
+def compiles(plan: StaticPlan | None) -> bool:
+    """Whether the engine's `plan` (None in eager mode) runs the rounds compiled."""
+    return plan is not None and plan.compile
+
+
 BACKEND = os.environ.get("SPECMM_COMPILE_BACKEND", "inductor")
 """torch.compile backend of compiled mode: inductor (the fast path). "aot_eager" checks graph capture without
 generating kernels, which the test suite uses where codegen time would dominate."""

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.compiled import compiled_helper
+from specmm.core.compiled import compiled_helper, compiles
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import (
@@ -187,15 +187,11 @@ class ModelDrafter(RunnerOwner):
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth, input_ids=tokens)
             return out.logits
 
-        return grow_tree(spec, roots, root_logits, expand, sampling, generators, compiled=self.compiled_rounds)
-
-    @property
-    def compiled_rounds(self) -> bool:
-        """Whether the engine runs this drafter's rounds compiled (it set a compiling static plan)."""
-        return self.static_plan is not None and self.static_plan.compile
+        return grow_tree(spec, roots, root_logits, expand, sampling, generators,
+                         compiled=compiles(self.static_plan))
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
-        plan = compiled_helper(drafter_update) if self.compiled_rounds else drafter_update
+        plan = compiled_helper(drafter_update) if compiles(self.static_plan) else drafter_update
         kept, reused, self.pending, self.pending_valid = plan(tree.node_slots, tree.tokens, result.path,
                                                               result.num_accepted, result.next_token)
         self.runner.cache.commit(kept, reused)

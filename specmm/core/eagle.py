@@ -19,6 +19,7 @@ from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
+from specmm.core.compiled import compiles
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
@@ -241,9 +242,8 @@ class EagleDrafter:
             slots.add(depth, out.last_hidden_state)
             return self.lm_head(out.last_hidden_state)
 
-        compiled = self.static_plan is not None and self.static_plan.compile
         tree = grow_tree(spec, roots, self.lm_head(root_hidden), self._expander(expand, root_hidden), sampling,
-                         generators, compiled=compiled)
+                         generators, compiled=compiles(self.static_plan))
         self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
         return tree
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.compiled import StaticPlan
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.drafters import RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
@@ -131,7 +131,7 @@ class ImageDrafter:
         head runs, runs its head runs compiled one by one."""
         tokens, features, valid = self.pending
         plan = self.static_plan
-        whole = plan is not None and plan.compile and (spec.kind != "chain" or sampling.greedy)
+        whole = compiles(plan) and (spec.kind != "chain" or sampling.greedy)
         if spec.kind == "static":
             spec.static_layout  # noqa: B018 (computed eagerly: a traced cached_property cannot take its lock)
         out = run(part(self.head, DraftRound, self.gpt), plan if whole else None, roots=roots, tokens=tokens,

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import CompiledForward, StaticPlan, compile_failure, compiled_forward
+from specmm.core.compiled import CompiledForward, StaticPlan, compile_failure, compiled_forward, compiles
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.target import (
     PrefillOutput,
@@ -146,7 +146,7 @@ class SSMTarget:
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
         self.steps = self._own_steps
-        if plan is not None and plan.compile:  # one set of graphs per model, reused by every adapter of it
+        if compiles(plan):  # one set of graphs per model, reused by every adapter of it
             self.steps = tree_steps(self.model, self.mixers)
             commit = self.steps.commits[self.commit_mode == "replay"]
             self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
