@@ -55,6 +55,8 @@ _COMPILED: weakref.WeakKeyDictionary[nn.Module, CompiledForward] = weakref.WeakK
 
 def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForward:
     """The one compiled forward of `model` (made on first use)."""
+    if torch.compiler.is_compiling():  # inside a compiled round: the model is traced into it (no registry
+        return model  # lookup: a guard on the registry would recompile the round whenever it grows)
     found = _COMPILED.get(model)
     if found is None or found.mode != mode or found.backend != BACKEND:
         found = _COMPILED[model] = CompiledForward(model, mode, BACKEND)
@@ -67,7 +69,7 @@ def compile_failure(model: nn.Module) -> str | None:
     return None if found is None else found.failed
 
 
-def compile_static(fn, mode: str | None = None, backend: str | None = None):
+def compile_static(fn, mode: str | None = None, backend: str | None = None, fullgraph: bool = False):
     """`torch.compile(fn, dynamic=False)` with the fast path's settings, under a code object of its own.
 
     Dynamo keeps its graphs and guards per code object. A fresh copy of `fn`'s code per call site keeps the
@@ -84,7 +86,7 @@ def compile_static(fn, mode: str | None = None, backend: str | None = None):
         from torch._inductor import list_mode_options
 
         options.update(list_mode_options(mode))
-    return torch.compile(own, dynamic=False, backend=backend, options=options)
+    return torch.compile(own, dynamic=False, backend=backend, options=options, fullgraph=fullgraph)
 
 
 _KEPT_MODULE_GUARDS = ("EMPTY_NN_MODULE_HOOKS_DICT", "TENSOR_MATCH")
@@ -127,11 +129,25 @@ _HELPERS: dict[object, object] = {}
 
 
 def compiled_helper(fn):
-    """`fn` (a pure tensor function of a compiled round's bookkeeping) compiled once per process."""
+    """`fn` (a pure tensor function of a compiled round's bookkeeping) compiled once per process; inside a
+    graph being compiled (a whole round, `CompiledRound`) it is traced into that graph instead."""
+    if torch.compiler.is_compiling():  # no registry lookup, as in `compiled_forward`
+        return fn
     found = _HELPERS.get(fn)
     if found is None:
-        found = _HELPERS[fn] = compile_static(fn)
+        compiled = compile_static(fn)
+
+        def found(*args, **kwargs):
+            return fn(*args, **kwargs) if torch.compiler.is_compiling() else compiled(*args, **kwargs)
+        _HELPERS[fn] = found
     return found
+
+
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process (grows exactly when a call compiled something)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _own_code(fn):
@@ -160,7 +176,7 @@ class CompiledForward:
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
-        if self.failed is not None:
+        if self.failed is not None or torch.compiler.is_compiling():  # inside a compiled round: traced into it
             return self.model(**inputs)
         inputs = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()) if isinstance(v, torch.Tensor))
@@ -177,3 +193,65 @@ class CompiledForward:
             self.shapes.add(key)
             CompileClock.seconds += time.perf_counter() - started
         return out
+
+
+class CompiledRound:
+    """A whole round step (draft forwards, verify, accept, commits) as one compiled graph per shape.
+
+    Between the forwards a round has a few hundred small tensor ops and a dozen helper graphs; on a small model
+    each compiled call costs about as much as its kernels, so one graph for the round removes most of the round's
+    overhead (a third of it on the zoo `code` pair on a CPU). `fullgraph=True`: a step that does not trace as
+    one graph (a host sync, a data-dependent branch, a drafter dynamo cannot follow) fails before it runs
+    anything, and then runs per part (each forward and helper compiled on its own) from then on, logged once.
+    Compile time goes on the `CompileClock`.
+    """
+
+    def __init__(self, step, mode: str | None = None, name: str = "round"):
+        self.step, self.mode, self.name = step, mode, name
+        raise_recompile_limits()
+        self.compiled = compile_static(step, mode, fullgraph=True)
+        self.failed: str | None = None  # why the round could not compile whole, once it could not
+
+    def __call__(self, *args, **kwargs):
+        if self.failed is not None:
+            return self.step(*args, **kwargs)
+        graphs, started = graphs_compiled(), time.perf_counter()
+        try:
+            out = self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
+            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            logger.debug("round trace failure: %s", error)
+            logger.info("compile=True: the %s does not compile as one graph (%s); its parts run compiled one by "
+                        "one", self.name, self.failed)
+            return self.step(*args, **kwargs)
+        if graphs_compiled() != graphs:
+            CompileClock.seconds += time.perf_counter() - started
+        return out
+
+
+_ROUNDS: dict[tuple, tuple[tuple[weakref.ref, ...], CompiledRound]] = {}
+
+
+def held_modules(*parts) -> list[nn.Module]:
+    """The modules `parts` (a target, a drafter) hold: attributes that are modules, or dicts/lists/tuples of them."""
+    found: dict[int, nn.Module] = {}
+    for part in parts:
+        for value in vars(part).values():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            found.update((id(m), m) for m in values if isinstance(m, nn.Module))
+    return list(found.values())
+
+
+def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None) -> CompiledRound:
+    """The one `CompiledRound` of the unbound `step` for `key` (the caller's types and settings) over exactly these
+    `modules`, so new generators over the same models reuse the graphs: guards check a round's Python state, but
+    not a module's attributes (dropped for speed, see `module_guard_filter`), hence a round per set of modules."""
+    key = (step, mode, key, tuple(sorted(id(m) for m in modules)))
+    found = _ROUNDS.get(key)
+    if found is not None and all(ref() is not None for ref in found[0]):
+        return found[1]
+    for stale in [k for k, (refs, _) in _ROUNDS.items() if any(ref() is None for ref in refs)]:
+        del _ROUNDS[stale]
+    compiled = CompiledRound(step, mode)
+    _ROUNDS[key] = (tuple(weakref.ref(m) for m in modules), compiled)
+    return compiled

@@ -126,7 +126,27 @@ def drafter_update(node_slots: Tensor, tokens: Tensor, path: Tensor, num_accepte
     return path_slots.clamp_min(0), reused, pending, valid
 
 
-class ModelDrafter(RunnerOwner):
+class CountsForwards:
+    """`draft_forwards` counted in a device tensor: a compiled round adds to it with no guard on its value (a
+    Python int would recompile the round at every count) and no host sync; reading it syncs once."""
+
+    device: torch.device | None
+    _forward_count: Tensor | None = None  # [] long on the drafter's device
+
+    @property
+    def draft_forwards(self) -> int:
+        count = self._forward_count
+        return 0 if count is None or count.is_meta else int(count)
+
+    @draft_forwards.setter
+    def draft_forwards(self, value: int) -> None:
+        self._forward_count = torch.tensor(value, dtype=torch.long, device=self.device)
+
+    def count_forwards(self, n: int = 1) -> None:
+        self._forward_count.add_(n)
+
+
+class ModelDrafter(CountsForwards, RunnerOwner):
     """A smaller HF causal LM with the target's vocabulary: its own cache, chains or top-k trees.
 
     Tree nodes it ran and the target accepted stay in its cache; the rest of the accepted path and the
@@ -167,7 +187,7 @@ class ModelDrafter(RunnerOwner):
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
             self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)
-            self.draft_forwards += 1
+            self.count_forwards()
         self.pending = input_ids[:, -1:]  # [B, P] tokens to feed next, left-aligned, ending with the root
         self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)
 
@@ -175,7 +195,7 @@ class ModelDrafter(RunnerOwner):
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         rows = torch.arange(roots.shape[0], device=roots.device)
         logits = self.runner.extend(self.pending_valid, input_ids=self.pending).logits  # [B, P, V]
-        self.draft_forwards += 1
+        self.count_forwards()
         root_logits = logits[rows, self.pending_valid.sum(1) - 1]  # [B, V]
         root_position = self.runner.cache.lengths - 1  # [B]
         slots = RoundSlots()
@@ -183,7 +203,7 @@ class ModelDrafter(RunnerOwner):
         def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
             depth = slots.child_depth(parent_slots)  # [B, n]
             slots.add(depth)
-            self.draft_forwards += 1
+            self.count_forwards()
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth, input_ids=tokens)
             return out.logits
 

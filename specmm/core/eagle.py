@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.compiled import compiles
-from specmm.core.drafters import RoundSlots, accepted_tokens
+from specmm.core.drafters import CountsForwards, RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
@@ -128,7 +128,7 @@ class EagleHead(nn.Module):
         self.load_state_dict(own, strict=False)
 
 
-class EagleDrafter:
+class EagleDrafter(CountsForwards):
     """EAGLE-1/2 drafter over a target: needs the target's features; tree nodes are never cached."""
 
     needs = frozenset({FEATURES})
@@ -226,7 +226,7 @@ class EagleDrafter:
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         rows = torch.arange(roots.shape[0], device=roots.device)
         out = self.runner.extend(self.pending_valid, positions=self.pending_positions, **self.pending_inputs)
-        self.draft_forwards += 1
+        self.count_forwards()
         last = self.pending_valid.sum(1) - 1
         root_hidden = out.last_hidden_state[rows, last]  # [B, H]
         root_position = self.pending_positions[rows, last]  # [B] real position (may exceed the cache length)
@@ -235,7 +235,7 @@ class EagleDrafter:
 
         def expand(tokens: Tensor, parent_slots: Tensor) -> Tensor:
             depth = slots.child_depth(parent_slots)  # [B, n]
-            self.draft_forwards += 1
+            self.count_forwards()
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth,
                                                **self._inputs(self.embed_tokens(tokens),
                                                               slots.parent_hidden(parent_slots)))

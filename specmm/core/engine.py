@@ -12,6 +12,7 @@ Modality packages drive the same step (`begin`, `step`, `select_rows`, `end`) in
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import CompileClock, StaticPlan, compiled_helper
+from specmm.core.compiled import CompileClock, CompiledRound, StaticPlan, compiled_helper, held_modules, shared_round
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
@@ -146,6 +147,7 @@ class SpeculativeGenerator:
         self.profile = bool(profile)
         self.timer: RoundTimer | None = None
         self._plan: StaticPlan | None = None  # compiled mode's plan of the current generation
+        self._compiled_round: CompiledRound | None = None  # compiled mode's whole-round graphs, made on first use
         if compile:
             self._check_fast_path()
 
@@ -367,9 +369,11 @@ class SpeculativeGenerator:
                                                         generators, max_new_tokens, criteria, pad, streamer, batch,
                                                         alive)
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
+        step, later_step = self.step, self._round_step(sampling)
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
-            result = self.step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
+            result = step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
+            step = later_step
             stats.target_forwards += 1
             roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
                                                            result.next_token, generators, max_new_tokens,
@@ -386,6 +390,30 @@ class SpeculativeGenerator:
             stats.round_time_split = dict(self.timer.seconds)
             self.timer = None
         return out, counts, rounds, histogram, stats
+
+    @property
+    def whole_round(self) -> bool | None:
+        """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
+        after a trace that failed, see the log); None until a greedy compiled generation has run one."""
+        if self._compiled_round is None:
+            return None
+        return self._compiled_round.failed is None
+
+    def _round_step(self, sampling: SamplingConfig):
+        """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
+        graph per shape, made once and reused across `generate` calls. Not when profiling (its split needs the
+        phase boundaries) nor when sampling (the draws stay eager's, so seeded outputs match eager mode's). The
+        first round runs per part: its checks may sync (an image prompt's last token) and its shapes differ."""
+        plan = self._plan
+        if plan is None or not plan.compile or self.profile or not sampling.greedy:
+            return self.step
+        key = (type(self.target), type(self.drafter), repr(self.tree), repr(self.rule))
+        modules = held_modules(self.target, self.drafter)
+        # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
+        # frame, shared by every compiled function and outside the guard filter of `compile_static`
+        step = type(self).step.__wrapped__
+        self._compiled_round = shared_round(step, key, modules, plan.mode)
+        return functools.partial(self._compiled_round, self)
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
                 max_new_tokens, criteria, pad, streamer, batch, alive=None):

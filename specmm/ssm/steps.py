@@ -10,7 +10,6 @@ guard on them) are reused across generations and adapters. In eager mode each ad
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -31,30 +30,40 @@ class TreePass:
         self.forwards = {i: self._tree_forward(m) for i, m in mixers.items()}  # stable: graphs guard on them
 
     def _tree_forward(self, mixer: nn.Module):
+        stock = type(mixer).forward
+
         def forward(hidden_states, *args, **kwargs):
+            if self.layout is None:  # outside a tree pass: the stock mixer
+                return stock(mixer, hidden_states, *args, **kwargs)
             out, record = tree_mixer_forward(mixer, hidden_states, self.layout, self.conv[mixer.layer_idx],
                                              self.ssm[mixer.layer_idx], self.scan_dtype)
             self.records[mixer.layer_idx] = record
             return out
         return forward
 
-    @contextmanager
-    def installed(self):
-        """Swap the tree mixers in for the length of a forward (instance attributes shadow the class method)."""
-        try:
-            for index, mixer in self.mixers.items():
-                mixer.forward = self.forwards[index]
-            yield
-        finally:
-            for mixer in self.mixers.values():
-                mixer.__dict__.pop("forward", None)
-            self.layout, self.conv, self.ssm, self.records = None, {}, {}, {}  # hold no tensors between rounds
+    def install(self) -> None:
+        """Swap the tree mixers in (instance attributes shadow the class method) for a generation: a swap inside
+        a round is not something dynamo can trace, so a compiled round could not hold the verify. Outside a tree
+        pass (no layout) each runs the stock mixer, so the model works as before even if `uninstall` is missed."""
+        for index, mixer in self.mixers.items():
+            mixer.forward = self.forwards[index]
+
+    def uninstall(self) -> None:
+        """Give the mixers back their stock `forward`."""
+        for index, mixer in self.mixers.items():
+            if mixer.__dict__.get("forward") is self.forwards[index]:
+                del mixer.forward
+        self.finish()
+
+    def finish(self) -> None:
+        """End a tree pass: the mixers run stock again, and no tensors are held between rounds."""
+        self.layout, self.conv, self.ssm, self.records = None, {}, {}, {}
 
 
 class TreeVerify(nn.Module):
     """Layout + one stock forward over n tree nodes: (logits [B, n', V], {layer: TreeRecord}).
 
-    Call it inside `tree_pass.installed()`. `attention_mask` ([B, 1, n, S], hybrids only) goes to the attention
+    The tree mixers must be installed (`tree_pass.install()`). `attention_mask` ([B, 1, n, S], hybrids only) goes to the attention
     layers, with `position_ids` and the KV cache `past_key_values`; Mamba2 models take neither.
     """
 

@@ -150,8 +150,10 @@ class SSMTarget:
             self.steps = tree_steps(self.model, self.mixers)
             commit = self.steps.commits[self.commit_mode == "replay"]
             self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
+        self.steps.tree_pass.install()
 
     def close(self) -> None:
+        self.steps.tree_pass.uninstall()
         self.states, self.kv, self._records, self._compiled = None, None, {}, None
 
     def check_model_inputs(self, model_inputs: dict) -> None:
@@ -209,8 +211,10 @@ class SSMTarget:
             allocating = isinstance(self.kv, StaticRowCache) and not self.kv.allocated  # HF allocates it lazily
         if self._compiled is not None and logits_to_keep == 0 and not allocating:
             verify = self._compiled[0]
-        with self.steps.tree_pass.installed():
+        try:
             logits, self._records = verify(**inputs)
+        finally:
+            self.steps.tree_pass.finish()
         return logits
 
     def _format(self, mask: Tensor) -> Tensor:

@@ -109,3 +109,15 @@ def test_a_graph_that_cannot_compile_warns_with_the_reason_and_runs_eager(monkey
     assert torch.equal(out.sequences, reference)
     assert gen.target.compile_failure.startswith("Unsupported: data-dependent")
     assert compiled_parts(gen) == ["drafter"]  # benchmarks report the target as not compiled
+
+
+def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_tokens():
+    """Hybrid target (tree scan + static attention KV) and a compiled drafter: the rounds after the first trace
+    as one graph (the tree mixers stay installed for the generation, inert outside a tree pass)."""
+    target, draft, ids, mask, reference = greedy_case("bamba")
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREES["dynamic"], compile=True)
+    out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    assert torch.equal(out.sequences[:, ids.shape[1]:], reference) and gen.whole_round
+    assert all("forward" not in mixer.__dict__ for mixer in gen.target.mixers.values())  # stock mixers again
+    assert torch.equal(target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                       pad_token_id=0)[:, ids.shape[1]:], reference)

@@ -22,6 +22,7 @@ def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch
     gen = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=SPECS["dynamic"], compile=True)
     out = gen.generate(**inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
     assert torch.equal(out.sequences, reference)
+    assert gen.whole_round  # rounds after the first: one graph over drafter head, target and bookkeeping
     roots = gen.begin(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=MAX_NEW,
                       **{k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")})
     assert isinstance(gen.target.runner.cache, StaticRowCache) and isinstance(gen.drafter.runner.cache, StaticRowCache)
