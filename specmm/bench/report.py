@@ -116,7 +116,10 @@ class BenchReport:
                          "compiled shows less.")
         if any(r.round_ms for r in rows):
             parts.append("ms/round: device-synchronised time per speculative round in each phase, from a separate "
-                         "untimed run with profiling on (its syncs make it a little slower than the timed runs).")
+                         "untimed run with profiling on (its syncs make it a little slower than the timed runs). "
+                         "Compiled rows run every round after the first as one graph, which has no phases to split: "
+                         "their profiled run takes each part as its own compiled call (after a run that compiles "
+                         "those), so its split describes that slower per-part round.")
         failed = [r.method for r in rows if r.error is not None]
         if failed:
             parts.append(f"FAILED (the method raised; see the log): {', '.join(failed)}.")
