@@ -199,15 +199,15 @@ class CompiledRound:
     """A whole round step (draft forwards, verify, accept, commits) as one compiled graph per shape.
 
     Between the forwards a round has a few hundred small tensor ops and a dozen helper graphs; on a small model
-    each compiled call costs about as much as its kernels, so one graph for the round removes most of the round's
-    overhead (a third of it on the zoo `code` pair on a CPU). `fullgraph=True`: a step that does not trace as
+    each compiled call costs about as much as its kernels, so one graph for the round removes most of that
+    overhead. `fullgraph=True`: a step that does not trace as
     one graph (a host sync, a data-dependent branch, a drafter dynamo cannot follow) fails before it runs
     anything, and then runs per part (each forward and helper compiled on its own) from then on, logged once.
     Compile time goes on the `CompileClock`.
     """
 
-    def __init__(self, step, mode: str | None = None, name: str = "round"):
-        self.step, self.mode, self.name = step, mode, name
+    def __init__(self, step, mode: str | None = None):
+        self.step, self.mode = step, mode
         raise_recompile_limits()
         self.compiled = compile_static(step, mode, fullgraph=True)
         self.failed: str | None = None  # why the round could not compile whole, once it could not
@@ -221,8 +221,8 @@ class CompiledRound:
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)
-            logger.info("compile=True: the %s does not compile as one graph (%s); its parts run compiled one by "
-                        "one", self.name, self.failed)
+            logger.info("compile=True: the round does not compile as one graph (%s); its parts run compiled one by "
+                        "one", self.failed)
             return self.step(*args, **kwargs)
         if graphs_compiled() != graphs:
             CompileClock.seconds += time.perf_counter() - started
@@ -237,7 +237,9 @@ def held_modules(*parts) -> list[nn.Module]:
     found: dict[int, nn.Module] = {}
     for part in parts:
         for value in vars(part).values():
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            if isinstance(value, dict):
+                value = list(value.values())
+            values = value if isinstance(value, (list, tuple)) else [value]
             found.update((id(m), m) for m in values if isinstance(m, nn.Module))
     return list(found.values())
 

@@ -63,8 +63,8 @@ class TreePass:
 class TreeVerify(nn.Module):
     """Layout + one stock forward over n tree nodes: (logits [B, n', V], {layer: TreeRecord}).
 
-    The tree mixers must be installed (`tree_pass.install()`). `attention_mask` ([B, 1, n, S], hybrids only) goes to the attention
-    layers, with `position_ids` and the KV cache `past_key_values`; Mamba2 models take neither.
+    The tree mixers must be installed (`tree_pass.install()`). `attention_mask` ([B, 1, n, S], hybrids only) goes
+    to the attention layers, with `position_ids` and the KV cache `past_key_values`; Mamba2 models take neither.
     """
 
     def __init__(self, model: nn.Module, tree_pass: TreePass, kernel: int):
