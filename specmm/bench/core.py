@@ -66,7 +66,8 @@ def speculative_method(name: str, make_generator, generate, mode: str, profile: 
         if compiled:
             parts = compiled_parts(gen)
             result.compiled = "target" in parts
-            result.extra = {**result.extra, "compiled parts": describe_parts(parts)}
+            rounds = {True: "one graph", False: "per part"}.get(gen.whole_round, "-")  # after the first round
+            result.extra = {**result.extra, "compiled parts": describe_parts(parts), "rounds": rounds}
         return result
 
     def profiled() -> RunResult:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specmm.core.draws import DrawTape
+
 logger = logging.getLogger(__name__)
 
 
@@ -229,6 +231,25 @@ class CompiledRound:
         return out
 
 
+def taped_rounds(per_part, whole, device: torch.device):
+    """Sampled compiled rounds: the first runs `per_part` and records its draws on a `DrawTape`; every later one
+    makes those draws eagerly from the same generators in the same order, then runs `whole` (one graph) reading
+    them from the tape. Step signature: (roots, sampling, generators, *rest)."""
+    tape: DrawTape | None = None
+
+    def step(roots, sampling, generators, *rest):
+        nonlocal tape
+        if tape is None:
+            tape = DrawTape(generators, device)
+            return per_part(roots, sampling, tape, *rest)
+        tape.refill()
+        out = whole(roots, sampling, tape, *rest)
+        tape.finish()
+        return out
+
+    return step
+
+
 _ROUNDS: dict[tuple, tuple[tuple[weakref.ref, ...], CompiledRound]] = {}
 
 
@@ -242,6 +263,13 @@ def held_modules(*parts) -> list[nn.Module]:
             values = value if isinstance(value, (list, tuple)) else [value]
             found.update((id(m), m) for m in values if isinstance(m, nn.Module))
     return list(found.values())
+
+
+def settings_key(obj) -> tuple:
+    """A stable key for an object's settings (a rule's, a tree's): its type and plain attributes. `repr` of a class
+    without its own is an address, which would make a new round per instance."""
+    plain = (int, float, str, bool, type(None))
+    return (type(obj), tuple(sorted((k, v) for k, v in getattr(obj, "__dict__", {}).items() if isinstance(v, plain))))
 
 
 def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None) -> CompiledRound:

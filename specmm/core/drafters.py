@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.compiled import compiled_helper, compiles
+from specmm.core.compiled import StaticPlan, compiled_helper, compiles
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import (
@@ -250,11 +250,10 @@ class PromptLookupDrafter:
     Drafts are point masses, so verification stays exact under sampling.
     """
 
-    fast_path_note = "it runs no model: drafts are copied from the context, so there is nothing to compile"
-
     vocab_size = None
     device = None
     needs: frozenset[str] = frozenset()
+    static_plan: StaticPlan | None = None  # compiled mode: the history has the plan's width, so rounds trace whole
 
     def __init__(self, ngram: int = 3, k: int = 8):
         if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
@@ -273,6 +272,9 @@ class PromptLookupDrafter:
         order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices
         self.history = input_ids.long().gather(1, order)  # [B, L] real tokens left-aligned, ending with the root
         self.lengths = valid.sum(1)  # [B]
+        if self.static_plan is not None:  # [B, max_len]: room for every token the generation can keep
+            spare = self.static_plan.max_len - self.history.shape[1]
+            self.history = torch.nn.functional.pad(self.history, (0, max(spare, 0)))
 
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         k = min(self.k, spec.depth)
@@ -300,14 +302,15 @@ class PromptLookupDrafter:
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         new = accepted_tokens(tree, result)  # [B, D+1]
-        needed = int(self.lengths.max()) + new.shape[1]
-        if needed > self.history.shape[1]:
+        needed = self.history.shape[1] if self.static_plan is not None else int(self.lengths.max()) + new.shape[1]
+        if needed > self.history.shape[1]:  # eager mode grows the history (a host sync); compiled mode made room
             pad = self.history.new_zeros(self.history.shape[0], max(needed, 2 * self.history.shape[1]) - self.history.shape[1])
             self.history = torch.cat([self.history, pad], 1)
         steps = torch.arange(new.shape[1], device=new.device)
-        target = self.lengths[:, None] + steps  # [B, D+1]; entries past the count land in unused slots
+        width = self.history.shape[1]  # only a compiled batch's stopped rows, which keep committing, reach it
+        target = (self.lengths[:, None] + steps).clamp(max=width - 1)  # [B, D+1]; past the count: unused slots
         self.history.scatter_(1, target, new)
-        self.lengths = self.lengths + result.num_accepted + 1
+        self.lengths = (self.lengths + result.num_accepted + 1).clamp(max=width)
 
     def select_rows(self, rows: Tensor) -> None:
         self.history, self.lengths = self.history[rows], self.lengths[rows]

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import CompileClock, CompiledRound, StaticPlan, compiled_helper, held_modules, shared_round
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, held_modules, settings_key,
+                                  shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
@@ -394,26 +395,29 @@ class SpeculativeGenerator:
     @property
     def whole_round(self) -> bool | None:
         """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
-        after a trace that failed, see the log); None until a greedy compiled generation has run one."""
+        after a trace that failed, see the log); None until a compiled generation has run one. Sampled rounds
+        read their draws from a `DrawTape`, so they run as one graph too, from the third round on."""
         if self._compiled_round is None:
             return None
         return self._compiled_round.failed is None
 
     def _round_step(self, sampling: SamplingConfig):
         """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
-        graph per shape, made once and reused across `generate` calls. Not when profiling (its split needs the
-        phase boundaries) nor when sampling (the draws stay eager's, so seeded outputs match eager mode's). The
-        first round runs per part: its checks may sync (an image prompt's last token) and its shapes differ."""
+        graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
+        `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
+        phase boundaries). The first round runs per part: its checks may sync (an image prompt's last token) and
+        its shapes differ."""
         plan = self._plan
-        if plan is None or not plan.compile or self.profile or not sampling.greedy:
+        if plan is None or not plan.compile or self.profile:
             return self.step
-        key = (type(self.target), type(self.drafter), repr(self.tree), repr(self.rule))
+        key = (type(self.target), type(self.drafter), repr(self.tree), settings_key(self.rule))
         modules = held_modules(self.target, self.drafter)
         # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
         # frame, shared by every compiled function and outside the guard filter of `compile_static`
-        step = type(self).step.__wrapped__
+        step = getattr(type(self).step, "__wrapped__", type(self).step)
         self._compiled_round = shared_round(step, key, modules, plan.mode)
-        return functools.partial(self._compiled_round, self)
+        whole = functools.partial(self._compiled_round, self)
+        return whole if sampling.greedy else taped_rounds(self.step, whole, self.target.device)
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
                 max_new_tokens, criteria, pad, streamer, batch, alive=None):

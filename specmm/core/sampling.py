@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specmm.core.draws import DrawTape, Generators, draw
+
 Guidance = Callable[[Tensor], Tensor]
 """A logits -> logits hook applied before temperature (e.g. classifier-free guidance)."""
-
-Generators = torch.Generator | Sequence[torch.Generator] | None
-"""`None` (global RNG), one generator for the whole batch, or one generator per row."""
 
 
 @dataclass(frozen=True)
@@ -101,26 +100,14 @@ def normalize(probs: Tensor) -> Tensor:
     return torch.where(total > 0, probs / total.clamp_min(torch.finfo(probs.dtype).tiny), probs)
 
 
-def _per_row(batch: int, shape: tuple[int, ...], generators: Generators, device: torch.device, draw) -> Tensor:
-    if generators is None or isinstance(generators, torch.Generator):
-        return draw((batch, *shape), generators)
-    if len(generators) != batch:
-        raise ValueError(f"generator: expected {batch} per-row generators, got {len(generators)}")
-    return torch.stack([draw(shape, g) for g in generators])
-
-
 def uniform(batch: int, shape: tuple[int, ...], generators: Generators, device: torch.device) -> Tensor:
     """[batch, *shape] U(0, 1) draws, row b taken from its own generator when one is given per row."""
-    return _per_row(batch, shape, generators, device, lambda s, g: torch.rand(s, generator=g, device=device))
+    return draw("uniform", batch, shape, generators, device)
 
 
 def exponential(batch: int, shape: tuple[int, ...], generators: Generators, device: torch.device) -> Tensor:
     """[batch, *shape] Exp(1) draws, per-row generators as in `uniform`."""
-
-    def draw(s, g):
-        return torch.empty(s, device=device).exponential_(generator=g)
-
-    return _per_row(batch, shape, generators, device, draw)
+    return draw("exponential", batch, shape, generators, device)
 
 
 def sample_with_noise(probs: Tensor, noise: Tensor) -> Tensor:
@@ -136,6 +123,6 @@ def sample(probs: Tensor, generators: Generators = None) -> Tensor:
 
 def select_generators(generators: Generators, rows: Sequence[int]) -> Generators:
     """Keep the per-row generators of `rows` (a shared generator or None is kept as is)."""
-    if generators is None or isinstance(generators, torch.Generator):
+    if generators is None or isinstance(generators, (torch.Generator, DrawTape)):
         return generators
     return [generators[r] for r in rows]

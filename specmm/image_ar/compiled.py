@@ -24,7 +24,10 @@ def image_plan(device: torch.device) -> StaticPlan:
 
 def part(owner: nn.Module, kind: type[nn.Module], *args) -> nn.Module:
     """The one `kind(owner, *args)` module of `owner`, kept on it so every sampler of the model shares its graphs."""
-    parts = owner.__dict__.setdefault("_specmm_image_parts", {})  # not a registered submodule: no state_dict change
+    parts = getattr(owner, "_specmm_image_parts", None)  # a plain dict, not a submodule: no state_dict change
+    if parts is None:
+        parts = {}
+        object.__setattr__(owner, "_specmm_image_parts", parts)
     if kind not in parts:
         parts[kind] = kind(owner, *args)
     return parts[kind]
@@ -42,8 +45,6 @@ def static_buffers(tensors: list[Tensor], plan: StaticPlan | None) -> None:
     if plan is not None and plan.compile and plan.mode is not None:
         for tensor in tensors:
             torch._dynamo.mark_static_address(tensor)
-
-
 
 
 def compile_failures(*owners: nn.Module | None) -> list[str]:

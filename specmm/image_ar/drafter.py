@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.compiled import StaticPlan, compiles
-from specmm.core.drafters import RoundSlots, accepted_tokens
+from specmm.core.drafters import CountsForwards, RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
 from specmm.core.tree import DraftTree, TreeSpec, grow_tree
@@ -57,7 +57,7 @@ def head_config(target_config: GPTConfig, **overrides) -> GPTConfig:
     return replace(target_config, n_layer=1, **overrides)
 
 
-class ImageDrafter:
+class ImageDrafter(CountsForwards):
     """Core `Drafter` around a `DraftHead`, reading the target's features on both guidance halves. `gpt` is the
     image model's `lm` view (a LlamaGen GPT, or an adapter's: `config`, `tok_embeddings`, `logits`); `for_target`
     and `from_pretrained` also take the model itself (a LlamaGen, or a stock generator `ImageSampler` serves)."""
@@ -139,7 +139,7 @@ class ImageDrafter:
                   cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,
                   generators=None if whole else generators, head_plan=None if whole else plan)
         self.lengths = out[-1]
-        self.draft_forwards += head_runs(spec)
+        self.count_forwards(head_runs(spec))
         return DraftTree(*out[:4], max_depth=spec.depth, max_children=spec.max_children, draft_probs=out[5],
                          node_slots=out[4])
 

@@ -5,8 +5,8 @@ The core `SpeculativeGenerator` runs everything through its public round step: t
 prefill gives image token 0, then rounds of draft -> verify -> accept (ragged rows, per-row generators).
 `proposer="ar"` is the plain one-token-per-forward baseline. `compile=True` is the fast path for every proposer:
 the verify, commit, draft and acceptance parts run compiled with static shapes over LlamaGen's own static caches
-(`specmm.image_ar.compiled`), rows stay in the batch until all are done, and a round makes one host sync.
-"""
+(`specmm.image_ar.compiled`), rows stay in the batch until all are done, and a round makes one host sync. Every
+round after the first (the first two when sampling: their draws go on a `DrawTape`) runs as one compiled graph."""
 
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ class ImageSampler:
             raise ValueError(f"compile: the compiled fast path covers LlamaGen; {type(self.model).__name__} runs eager")
         self.compile = compile
         self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
+        self.whole_round: bool | None = None  # compiled: whether the last sample's rounds ran as one graph each
 
     @classmethod
     def for_model(cls, model, processor=None, proposer: str | ImageDrafter = "jacobi",
@@ -113,6 +114,7 @@ class ImageSampler:
                                        profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = self.model.image_tokens(out.sequences), out.stats
+            self.whole_round = gen.whole_round
         stats.image = ImageExtras(tokens_per_row=n)
         images = self.model.decode(tokens) if decode else []
         return ImageSample(images=images, tokens=tokens, stats=stats)

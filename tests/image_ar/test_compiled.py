@@ -61,7 +61,8 @@ def test_compiled_greedy_equals_ar_with_guidance_for_jacobi_and_the_drafter(lg):
 @pytest.mark.parametrize("method", ["lantern", "gsd"])
 def test_compiled_relaxed_rules_sample_the_same_tokens_as_eager(lg, method):
     """Per-row generators: each row's draws are its own, so rows kept in the compiled batch after they finish change
-    nothing, and LANTERN (drafter, dynamic tree) and GSD (Jacobi) sample eager mode's tokens and moved mass."""
+    nothing, and LANTERN (drafter, dynamic tree) and GSD (Jacobi) sample eager mode's tokens and moved mass, with
+    every round after the second run as one graph."""
     drafter = ImageDrafter.for_target(lg.gpt)
 
     def sample(compile: bool):
@@ -71,10 +72,11 @@ def test_compiled_relaxed_rules_sample_the_same_tokens_as_eager(lg, method):
         else:
             sampler = ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=5, p_gap=0.5), window=6, compile=compile)
         gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
-        return sampler.sample(CONDITIONS, cfg_scale=2.0, top_k=16, generator=gens, decode=False)
+        return sampler, sampler.sample(CONDITIONS, cfg_scale=2.0, top_k=16, generator=gens, decode=False)
 
-    eager, compiled = sample(False), sample(True)
+    (_, eager), (sampler, compiled) = sample(False), sample(True)
     assert torch.equal(compiled.tokens, eager.tokens) and compiled.stats.moved_mass == eager.stats.moved_mass > 0
+    assert sampler.whole_round  # sampled rounds as one graph each, their draws read from a tape
 
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="LlamaGen fixtures not available")
