@@ -266,7 +266,7 @@ def held_modules(*parts) -> list[nn.Module]:
 
 
 def settings_key(obj) -> tuple:
-    """A stable key for an object's settings (a rule's, a tree's): its type and plain attributes. `repr` of a class
+    """A stable key for an object's settings (an acceptance rule's): its type and plain attributes. `repr` of a class
     without its own is an address, which would make a new round per instance."""
     plain = (int, float, str, bool, type(None))
     return (type(obj), tuple(sorted((k, v) for k, v in getattr(obj, "__dict__", {}).items() if isinstance(v, plain))))

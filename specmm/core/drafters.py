@@ -302,10 +302,11 @@ class PromptLookupDrafter:
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         new = accepted_tokens(tree, result)  # [B, D+1]
-        needed = self.history.shape[1] if self.static_plan is not None else int(self.lengths.max()) + new.shape[1]
-        if needed > self.history.shape[1]:  # eager mode grows the history (a host sync); compiled mode made room
-            pad = self.history.new_zeros(self.history.shape[0], max(needed, 2 * self.history.shape[1]) - self.history.shape[1])
-            self.history = torch.cat([self.history, pad], 1)
+        if self.static_plan is None:  # eager mode grows the history (a host sync); compiled mode made room at start
+            needed = int(self.lengths.max()) + new.shape[1]
+            if needed > self.history.shape[1]:
+                grown = max(needed, 2 * self.history.shape[1])
+                self.history = torch.nn.functional.pad(self.history, (0, grown - self.history.shape[1]))
         steps = torch.arange(new.shape[1], device=new.device)
         width = self.history.shape[1]  # only a compiled batch's stopped rows, which keep committing, reach it
         target = (self.lengths[:, None] + steps).clamp(max=width - 1)  # [B, D+1]; past the count: unused slots

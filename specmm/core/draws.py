@@ -81,10 +81,9 @@ class DrawTape:
         draws = [draw(kind, batch, shape, self.generators, self.device).flatten(1)
                  for kind, batch, shape in self.entries]
         if draws:
-            fresh = torch.cat(draws, 1)  # [B, total]
-            if self.buffer is None or self.buffer.shape != fresh.shape:
-                self.buffer = torch.empty_like(fresh)
-            self.buffer.copy_(fresh)  # one buffer for every round: a compiled round sees the same input
+            if self.buffer is None:  # one buffer for every round: a compiled round sees the same input
+                self.buffer = torch.empty(draws[0].shape[0], sum(d.shape[1] for d in draws), device=draws[0].device)
+            torch.cat(draws, 1, out=self.buffer)  # [B, total]
         self.index = self.offset = 0
 
     def finish(self) -> None:
