@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.compiled import StaticPlan, compiled_helper, compiles
+from specmm.core.inplace import write_columns_
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import (
@@ -310,7 +311,7 @@ class PromptLookupDrafter:
         steps = torch.arange(new.shape[1], device=new.device)
         width = self.history.shape[1]  # only a compiled batch's stopped rows, which keep committing, reach it
         target = (self.lengths[:, None] + steps).clamp(max=width - 1)  # [B, D+1]; past the count: unused slots
-        self.history.scatter_(1, target, new)
+        write_columns_(self.history, target, new)
         self.lengths = (self.lengths + result.num_accepted + 1).clamp(max=width)
 
     def select_rows(self, rows: Tensor) -> None:

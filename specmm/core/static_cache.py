@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
 from specmm.core.compiled import compiled_helper
+from specmm.core.inplace import move_slots_
 
 
 def round_index(slots: Tensor, round_start: Tensor, round_length: int) -> tuple[Tensor, Tensor]:
@@ -47,9 +48,7 @@ def commit_slots(states: list[Tensor], cumulative: list[Tensor], lengths: Tensor
         source = round_start + slots  # [B, m]
         target = (lengths[:, None] + torch.arange(m, device=slots.device)).clamp(max=states[0].shape[2] - 1)
         for buffer in states:
-            heads, dim = buffer.shape[1], buffer.shape[3]
-            kept = buffer.gather(2, source[:, None, :, None].expand(batch, heads, m, dim))
-            buffer.scatter_(2, target[:, None, :, None].expand(batch, heads, m, dim), kept)
+            move_slots_(buffer, source, target)  # in place even when compiled (inplace.py says why)
     # live rows never reach `longest` (the plan reserves their budget); rows that stopped but stay in a
     # compiled batch keep committing their root and are held there, their slots being junk nobody reads
     torch.clamp(lengths + counts, max=longest, out=lengths)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from specmm.core.acceptance import AcceptResult
 from specmm.core.drafters import accepted_tokens
 from specmm.core.compiled import StaticPlan
+from specmm.core.inplace import write_columns_
 from specmm.core.sampling import (
     Generators,
     SamplingConfig,
@@ -93,7 +94,7 @@ class JacobiProposer:
         steps = torch.arange(new.shape[1], device=new.device)
         columns = (self.known[:, None] + steps).clamp(max=self.history.shape[1] - 1)
         current = self.history.gather(1, columns)
-        self.history.scatter_(1, columns, torch.where(steps < count[:, None], new, current))
+        write_columns_(self.history, columns, torch.where(steps < count[:, None], new, current))
         # rows that stopped but stay in a compiled batch keep counting their root: held at the block
         self.known = (self.known + count).clamp(max=self.target.tokens_per_image)
         self.stale_logits, self.accepted = self.target.last_logits, result.num_accepted

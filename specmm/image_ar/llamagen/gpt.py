@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specmm.core.inplace import move_slots_, write_slots_
 from specmm.image_ar.llamagen.config import GPTConfig
 
 
@@ -59,19 +60,15 @@ class KVCache:
 
     def write(self, layer: int, slots: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Store keys/values [R, H, n, D] at slots [R, n]; return the layer's full buffers."""
-        index = slots[:, None, :, None].expand_as(keys)
-        self.keys[layer].scatter_(2, index, keys)
-        self.values[layer].scatter_(2, index, values)
+        write_slots_(self.keys[layer], slots, keys)  # in place even when compiled (core/inplace.py)
+        write_slots_(self.values[layer], slots, values)
         return self.keys[layer], self.values[layer]
 
     def move(self, source: Tensor, dest: Tensor) -> None:
         """Copy slots source [R, m] to dest [R, m] in every layer (gathered first, so overlaps are safe)."""
         for buffers in (self.keys, self.values):
             for states in buffers:
-                heads, dim = states.shape[1], states.shape[3]
-                src = source[:, None, :, None].expand(-1, heads, -1, dim)
-                moved = states.gather(2, src)
-                states.scatter_(2, dest[:, None, :, None].expand(-1, heads, -1, dim), moved)
+                move_slots_(states, source, dest)
 
     def select_rows(self, rows: Tensor) -> None:
         self.keys = [k[rows] for k in self.keys]
