@@ -5,6 +5,7 @@ out-of-place scatter from functionalization, which inductor cannot write in plac
 into a temporary, scatters there, and copies it back, twice the buffer's size per write. For a KV cache that
 is every layer's whole cache, every round. `index_put_` is written in place (inductor's reinplacing pass
 knows it), and the values are gathered into their own buffer first, so reading and writing one buffer is safe.
+Eager mode keeps `scatter_`, which is in place there and needs no index tensors built per call.
 """
 
 from __future__ import annotations
@@ -30,15 +31,26 @@ def write_slots_(buffer: Tensor, slots: Tensor, values: Tensor) -> None:
     """buffer[b, :, slots[b, j]] = values[b, :, j] in place; buffer [B, H, S, D], slots [B, m], values [B, H, m, D].
 
     Duplicate slots in a row keep one of their values (which one is unspecified, as with `scatter_`)."""
-    buffer.index_put_(_row_head_index(buffer, slots), values.to(buffer.dtype))
+    values = values.to(buffer.dtype)
+    if torch.compiler.is_compiling():
+        buffer.index_put_(_row_head_index(buffer, slots), values)
+    else:
+        buffer.scatter_(2, slots[:, None, :, None].expand_as(values), values)
 
 
 def move_slots_(buffer: Tensor, source: Tensor, target: Tensor) -> None:
     """Copy slots source [B, m] to slots target [B, m] of buffer [B, H, S, D] in place (read before written)."""
-    write_slots_(buffer, target, read_slots(buffer, source))
+    if torch.compiler.is_compiling():
+        write_slots_(buffer, target, read_slots(buffer, source))
+    else:
+        heads, dim = buffer.shape[1], buffer.shape[3]
+        write_slots_(buffer, target, buffer.gather(2, source[:, None, :, None].expand(-1, heads, -1, dim)))
 
 
 def write_columns_(buffer: Tensor, columns: Tensor, values: Tensor) -> None:
     """buffer[b, columns[b, j]] = values[b, j] in place; buffer [B, L], columns and values [B, m]."""
-    rows = torch.arange(buffer.shape[0], device=buffer.device)[:, None]
-    buffer.index_put_((rows, columns), values.to(buffer.dtype))
+    values = values.to(buffer.dtype)
+    if torch.compiler.is_compiling():
+        buffer.index_put_((torch.arange(buffer.shape[0], device=buffer.device)[:, None], columns), values)
+    else:
+        buffer.scatter_(1, columns, values)
