@@ -75,7 +75,9 @@ class _LastLayerAttention:
 
     def scores(self) -> Tensor:
         """[B, L-1] attention received per position (rows: the prefill block)."""
-        kwargs = dict(self.kwargs, past_key_values=None)
+        # no cache: the re-run must not write the block into it again (transformers 5.24 renamed the attention
+        # modules' `past_key_values` to `cache`; both names are dropped)
+        kwargs = {k: v for k, v in self.kwargs.items() if k not in ("past_key_values", "past_key_value", "cache")}
         # [B, 1, n, n] over the block: the cache was empty at prefill, so the block sits in its first n slots
         # (a static cache's mask covers the whole buffer; the rest of it is empty)
         mask = kwargs["attention_mask"][..., : kwargs["hidden_states"].shape[1]]
