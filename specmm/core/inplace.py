@@ -23,8 +23,9 @@ def _row_head_index(buffer: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tens
 
 
 def read_slots(buffer: Tensor, slots: Tensor) -> Tensor:
-    """buffer [B, H, S, D] at slots [B, m] -> [B, H, m, D] (a new tensor)."""
-    return buffer[_row_head_index(buffer, slots)]
+    """buffer [B, H, S, D] at slots [B, m] -> [B, H, m, D] (a new tensor; reads need no in-place care)."""
+    heads, dim = buffer.shape[1], buffer.shape[3]
+    return buffer.gather(2, slots[:, None, :, None].expand(-1, heads, -1, dim))
 
 
 def write_slots_(buffer: Tensor, slots: Tensor, values: Tensor) -> None:
@@ -40,11 +41,7 @@ def write_slots_(buffer: Tensor, slots: Tensor, values: Tensor) -> None:
 
 def move_slots_(buffer: Tensor, source: Tensor, target: Tensor) -> None:
     """Copy slots source [B, m] to slots target [B, m] of buffer [B, H, S, D] in place (read before written)."""
-    if torch.compiler.is_compiling():
-        write_slots_(buffer, target, read_slots(buffer, source))
-    else:
-        heads, dim = buffer.shape[1], buffer.shape[3]
-        write_slots_(buffer, target, buffer.gather(2, source[:, None, :, None].expand(-1, heads, -1, dim)))
+    write_slots_(buffer, target, read_slots(buffer, source))
 
 
 def write_columns_(buffer: Tensor, columns: Tensor, values: Tensor) -> None:
