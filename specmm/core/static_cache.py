@@ -28,12 +28,14 @@ def round_index(slots: Tensor, round_start: Tensor, round_length: int) -> tuple[
     return relative.clamp(0, max(round_length - 1, 0)), inside
 
 
-def round_mask(attend: Tensor, slots: Tensor, round_start: Tensor, round_length: int, lengths: Tensor) -> Tensor:
+def round_mask(attend: Tensor, slots: Tensor, round_start: Tensor, lengths: Tensor) -> Tensor:
     """[B, 1, n, S] bool: each of n new slots sees its row's committed slots and the round slots `attend`
-    [B, n, R + n] names (round slot r sits at physical slot round_start + r; R + n = round_length)."""
-    batch, n = attend.shape[:2]
-    index, inside = round_index(slots, round_start, round_length)
-    sees_round = attend.gather(2, index.expand(batch, n, -1)) & inside  # [B, n, S]
+    [B, n, R + n] names (round slot r sits at physical slot round_start + r)."""
+    # round slot r -> physical slot round_start + r as a 0/1 matmul, not a gather: inductor's CPU vectoriser emits
+    # C++ that does not compile for a gather from a constant-valued `attend` (a chain's), torch 2.11
+    offsets = torch.arange(attend.shape[2], device=slots.device)
+    place = (slots[None, :] == round_start + offsets[:, None]).to(torch.float32)  # [R + n, S]
+    sees_round = (attend.to(torch.float32) @ place) > 0.5  # [B, n, S]
     sees_committed = (slots[None, :] < lengths[:, None])[:, None, :]  # [B, 1, S]
     return (sees_committed | sees_round)[:, None]
 
@@ -111,7 +113,7 @@ class StaticRowCache(RowCache):
         self._round_attend = attend if previous is None else torch.cat(
             [torch.cat([previous, attend.new_zeros(batch, previous.shape[1], n)], -1), attend], 1)
         mask = self._compiled[0] if self._fast_round else round_mask
-        return mask(attend, self.slots, self.round_start, self.round_length, self.lengths)
+        return mask(attend, self.slots, self.round_start, self.lengths)
 
     def windowed(self, mask: Tensor, window: int) -> Tensor:
         """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
