@@ -204,7 +204,7 @@ class CompiledRound:
     each compiled call costs about as much as its kernels, so one graph for the round removes most of that
     overhead. `fullgraph=True`: a step that does not trace as
     one graph (a host sync, a data-dependent branch, a drafter dynamo cannot follow) fails before it runs
-    anything, and then runs per part (each forward and helper compiled on its own) from then on, logged once.
+    anything, and then runs per part (each forward and helper compiled on its own) from then on, with one warning.
     Compile time goes on the `CompileClock`.
     """
 
@@ -223,8 +223,9 @@ class CompiledRound:
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)
-            logger.info("compile=True: the round does not compile as one graph (%s); its parts run compiled one by "
-                        "one", self.failed)
+            # a warning, not a log line: per part, a round costs about twice as much on a small model
+            warnings.warn(f"compile=True: the round does not compile as one graph ({self.failed}); its parts run "
+                          "compiled one by one, which is slower", RuntimeWarning, stacklevel=2)
             return self.step(*args, **kwargs)
         if graphs_compiled() != graphs:
             CompileClock.seconds += time.perf_counter() - started

@@ -395,8 +395,9 @@ class SpeculativeGenerator:
     @property
     def whole_round(self) -> bool | None:
         """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
-        after a trace that failed, see the log); None until a compiled generation has run one. Sampled rounds
-        read their draws from a `DrawTape`, so they run as one graph too, from the third round on."""
+        after a trace that failed, with one RuntimeWarning naming why); None until a compiled generation has run
+        one. Sampled rounds read their draws from a `DrawTape`, so they run as one graph too, from the third round
+        on."""
         if self._compiled_round is None:
             return None
         return self._compiled_round.failed is None
