@@ -110,6 +110,8 @@ class ImageSampler:
         if self.proposer is None or n == 1:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:
+            if isinstance(self.proposer, ImageDrafter):  # one drafter may serve several samplers: it reads this one's
+                self.proposer.bind(self.target)  # target (guidance, cache reserve) while this one generates
             gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule, compile=self.compile,
                                        profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)

@@ -31,6 +31,18 @@ def test_drafter_greedy_equals_ar_with_guidance(lg, reference, tree):
     assert torch.equal(out.tokens, reference.tokens)
 
 
+def test_drafter_shared_by_samplers_serves_the_one_sampling(lg, reference):
+    """A drafter given to two samplers reads the target of the sampler that runs, not of the one made last: the
+    small tree's reserve (3 slots) is too short for the dynamic tree's draft slots."""
+    drafter = ImageDrafter.for_target(lg.gpt)
+    wide = ImageSampler(lg, proposer=drafter, tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8))
+    narrow = ImageSampler(lg, proposer=drafter, tree=TreeSpec.chain(2))
+    unguided = narrow.sample(CONDITIONS, cfg_scale=1.0, temperature=0.0, decode=False)
+    out = wide.sample(CONDITIONS, cfg_scale=3.0, temperature=0.0, decode=False)
+    assert torch.equal(out.tokens, reference.tokens)
+    assert out.stats.mean_accepted > 1.0 and unguided.tokens.shape == reference.tokens.shape
+
+
 def test_greedy_equal_with_cfg_interval(lg):
     ar = ImageSampler(lg, proposer="ar", cfg_interval=5).sample(CONDITIONS, cfg_scale=3.0, temperature=0.0,
                                                                  decode=False)
