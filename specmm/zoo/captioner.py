@@ -227,7 +227,7 @@ def caption_scenes(model, processor, seeds: list[int], size: int, max_new_tokens
     for i in range(0, len(seeds), batch_size):
         chunk = seeds[i: i + batch_size]
         images = [scenes.render(scene_and_caption(s)[0], size, seed=s) for s in chunk]
-        enc = processor(images=images, text=[PROMPT] * len(chunk), return_tensors="pt", padding=True)
+        enc = processor(images=images, text=[PROMPT] * len(chunk), return_tensors="pt", padding=True).to(model.device)
         out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         captions += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)

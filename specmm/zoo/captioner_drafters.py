@@ -26,7 +26,8 @@ RECIPES = {
                 method_options={"flash": {"num_latents": 4, "sar_steps": 3}},  # 9 image tokens -> 4
                 text=dict(steps=120, lr=1e-3, warmup_steps=20, checkpoint_every=60),
                 multimodal=dict(steps=330, lr=1e-3, warmup_steps=20, checkpoint_every=60)),
-    "gpu": dict(captioner_scale="gpu", scenes=4096, batch_size=32, max_new_tokens=220, methods=list(METHODS),
+    "gpu": dict(device="cuda", captioner_scale="gpu", scenes=4096, batch_size=32, max_new_tokens=220,
+                methods=list(METHODS),
                 method_options={"flash": {"num_latents": 12, "sar_steps": 3}},  # 36 image tokens -> 12
                 text=dict(steps=1000, lr=5e-4, warmup_steps=100, checkpoint_every=250),
                 multimodal=dict(steps=3000, lr=5e-4, warmup_steps=100, checkpoint_every=250)),
@@ -76,7 +77,9 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     from specmm import zoo
     from specmm.vlm import DrafterTrainConfig, VisionDrafter, train_drafter
 
-    models = captioner.load(zoo.build("captioner", recipe["captioner_scale"], progress=progress))
+    # target and drafters on the recipe's device (the drafter heads follow the target's), saved from there
+    models = captioner.load(zoo.build("captioner", recipe["captioner_scale"], progress=progress),
+                            zoo.training_device(recipe))
     work = dest / "work"
     work.mkdir(parents=True, exist_ok=True)
     pairs = regenerated_captions(models, recipe["scenes"], recipe["max_new_tokens"], work)

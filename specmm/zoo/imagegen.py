@@ -46,8 +46,9 @@ RECIPES = {
             "drafter_train": {"steps": 200, "batch_size": 16, "lr": 2e-3},
             "classifier": {"model": "resnet10t", "steps": 80, "batch_size": 64, "lr": 2e-3},
             "checkpoint_every": 50},
-    # for the GPU benchmarks (untested here): 64 px, 8x downsampling -> 8x8 tokens, GPT-B-like width
-    "gpu": {"image_size": 64, "per_class": 2000, "heldout_per_class": 100,
+    # for the GPU benchmarks (untested here): 64 px, 8x downsampling -> 8x8 tokens, GPT-B-like width; every stage
+    # trains on CUDA under bf16 autocast (weights and optimiser in fp32, fused AdamW)
+    "gpu": {"device": "cuda", "precision": "bfloat16", "image_size": 64, "per_class": 2000, "heldout_per_class": 100,
             "vq": {"codebook_size": 1024, "codebook_embed_dim": 8, "ch": 64, "ch_mult": [1, 1, 2, 2],
                    "z_channels": 64, "num_res_blocks": 2},
             "gpt": {"dim": 512, "n_layer": 8, "n_head": 8},
@@ -60,22 +61,26 @@ RECIPES = {
 
 
 def _resumable(name: str, work: Path, module: nn.Module, steps: int, lr: float, loss_fn: Callable[[int], Tensor],
-               checkpoint_every: int, progress: bool, params=None) -> list[float]:
-    """AdamW + cosine schedule; checkpoints {model, optimizer, step, losses} to work/<name>.pt."""
+               checkpoint_every: int, progress: bool, params=None, precision: str = "float32") -> list[float]:
+    """AdamW + cosine schedule on the module's device (fused on CUDA; the loss under bf16 autocast when `precision`
+    is "bfloat16"); checkpoints {model, optimizer, step, losses} to work/<name>.pt."""
     params = list(params if params is not None else module.parameters())
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    device = params[0].device
+    fused = {"fused": True} if device.type == "cuda" else {}  # absent on the CPU: the same optimiser as before
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0, **fused)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     path, start, losses = work / f"{name}.pt", 0, []
     if path.is_file():
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location=device)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start, losses = state["step"], state["losses"]
     module.train()
     for step in tqdm(range(start, steps), disable=not progress, desc=f"imagegen/{name}", initial=start, total=steps):
-        loss = loss_fn(step)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            loss = loss_fn(step)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -109,17 +114,23 @@ def _pixels(images: Tensor) -> Tensor:
 
 
 def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
-    """Train the four stages into `dest` (checkpoints in dest/work) and return the zoo.json record."""
+    """Train the four stages into `dest` (checkpoints in dest/work) and return the zoo.json record. Training runs on
+    the recipe's `device` (default the CPU) with its `precision`; the artifacts are saved from the CPU."""
     import timm
 
     from specmm.image_ar import ImageDrafter, LlamaGen
     from specmm.image_ar.drafter_train import DrafterTrainConfig, drafter_loss
+    from specmm.zoo import training_device
 
     work = dest / "work"
     work.mkdir(parents=True, exist_ok=True)
     size, every = recipe["image_size"], recipe["checkpoint_every"]
+    device, precision = training_device(recipe), recipe.get("precision", "float32")
+    train = {"precision": precision}
     images, labels = class_dataset(recipe["per_class"], size, seed)
     held_images, held_labels = class_dataset(recipe["heldout_per_class"], size, seed + 1)
+    images, labels = images.to(device), labels.to(device)
+    held_pixels, held_on_device = _pixels(held_images).to(device), held_labels.to(device)
     pixels = _pixels(images)
     n = len(images)
     vq_cfg = recipe["vq"]
@@ -127,7 +138,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     gpt_cfg = {**recipe["gpt"], "vocab_size": vq_cfg["codebook_size"], "block_size": grid * grid,
                "num_classes": len(CLASSES), "model_type": "c2i", "class_dropout_prob": 0.1, "cls_token_num": 1}
     torch.manual_seed(seed)
-    lg = LlamaGen.from_config(gpt_cfg, vq_cfg, image_size=size)
+    lg = LlamaGen.from_config(gpt_cfg, vq_cfg, image_size=size).to(device)  # initialised on the CPU: same weights
 
     # 1. VQ tokenizer; codebook initialised from encoder latents so no code starts dead
     with torch.no_grad():
@@ -136,10 +147,11 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         lg.vq.quantize.embedding.weight.copy_(flat[torch.randperm(len(flat))[: vq_cfg["codebook_size"]]])
     vt = recipe["vq_train"]
     vq_losses = _resumable("vq", work, lg.vq, vt["steps"], vt["lr"],
-                           lambda s: vq_loss(lg.vq, pixels[_batch(n, vt["batch_size"], s, seed)]), every, progress)
+                           lambda s: vq_loss(lg.vq, pixels[_batch(n, vt["batch_size"], s, seed)]), every, progress,
+                           **train)
     with torch.no_grad():
         codes = torch.cat([lg.vq.encode(chunk) for chunk in pixels.split(256)])  # [N, grid^2]
-        held_rec = torch.cat([lg.vq(chunk)[0] for chunk in _pixels(held_images).split(256)])
+        held_rec = torch.cat([lg.vq(chunk)[0] for chunk in held_pixels.split(256)])
     used = int(codes.unique().numel())
 
     # 2. class-conditional GPT with 10 % null-class dropout (for guidance)
@@ -148,14 +160,14 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     def gpt_loss(step: int) -> Tensor:
         index = _batch(n, gt["batch_size"], step, seed + 1)
         cond = labels[index].clone()
-        cond[torch.rand(len(index), generator=torch.Generator().manual_seed(step)) < 0.1] = len(CLASSES)
+        cond[(torch.rand(len(index), generator=torch.Generator().manual_seed(step)) < 0.1).to(device)] = len(CLASSES)
         logits = lg.gpt(cond, codes[index])
         return F.cross_entropy(logits.flatten(0, 1), codes[index].flatten())
 
-    gpt_losses = _resumable("gpt", work, lg.gpt, gt["steps"], gt["lr"], gpt_loss, every, progress)
+    gpt_losses = _resumable("gpt", work, lg.gpt, gt["steps"], gt["lr"], gpt_loss, every, progress, **train)
     with torch.no_grad():
-        held_codes = lg.vq.encode(_pixels(held_images))
-        held_loss = float(F.cross_entropy(lg.gpt(held_labels, held_codes).flatten(0, 1), held_codes.flatten()))
+        held_codes = lg.vq.encode(held_pixels)
+        held_loss = float(F.cross_entropy(lg.gpt(held_on_device, held_codes).flatten(0, 1), held_codes.flatten()))
 
     # 3. EAGLE-style drafter on the GPT's features (both guidance halves)
     dt = recipe["drafter_train"]
@@ -166,30 +178,32 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     def head_loss(step: int) -> Tensor:
         index = _batch(n, dt["batch_size"], step, seed + 2)
         cond = labels[index].clone()
-        cond[torch.rand(len(index), generator=torch.Generator().manual_seed(step)) < 0.5] = len(CLASSES)
+        cond[(torch.rand(len(index), generator=torch.Generator().manual_seed(step)) < 0.5).to(device)] = len(CLASSES)
         return drafter_loss(drafter, cond, codes[index], 0.1, 0.2, torch.Generator().manual_seed(step))[0]
 
     cfg = DrafterTrainConfig(steps=dt["steps"], batch_size=dt["batch_size"], lr=dt["lr"])
-    drafter_losses = _resumable("drafter", work, drafter.head, cfg.steps, cfg.lr, head_loss, every, progress)
+    drafter_losses = _resumable("drafter", work, drafter.head, cfg.steps, cfg.lr, head_loss, every, progress, **train)
     with torch.no_grad():
-        top1 = drafter_loss(drafter, held_labels, held_codes)[1]["top1"]
+        top1 = drafter_loss(drafter, held_on_device, held_codes)[1]["top1"]
 
     # 4. timm classifier on the real images (FID/KID features and class accuracy)
     ct = recipe["classifier"]
     torch.manual_seed(seed + 3)
-    classifier = timm.create_model(ct["model"], num_classes=len(CLASSES), pretrained=False)
+    classifier = timm.create_model(ct["model"], num_classes=len(CLASSES), pretrained=False).to(device)
     from specmm.image_ar.metrics import TimmFeatures, accuracy
 
     judge = TimmFeatures(classifier)
+    mean, std = judge.mean.to(device), judge.std.to(device)
 
     def classifier_loss(step: int) -> Tensor:
         index = _batch(n, ct["batch_size"], step, seed + 3)
-        x = (images[index].float() / 255.0 - judge.mean) / judge.std
+        x = (images[index].float() / 255.0 - mean) / std
         return F.cross_entropy(classifier(x), labels[index])
 
     classifier_losses = _resumable("classifier", work, classifier, ct["steps"], ct["lr"], classifier_loss, every,
-                                   progress)
+                                   progress, **train)
     held_accuracy = accuracy(judge(held_images)[1], held_labels)
+    lg.cpu(), drafter.head.cpu(), classifier.cpu()
 
     # artifacts in upstream layout
     torch.save({"model": lg.gpt.state_dict()}, dest / "gpt.pt")
@@ -208,7 +222,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     return {"image_size": size, "grid": grid, "tokens_per_image": grid * grid, "classes": list(CLASSES),
             "train_images": n, "heldout_images": len(held_images),
             "vq": {"final_loss": tail(vq_losses), "codes_used": used,
-                   "heldout_reconstruction_mse": float(F.mse_loss(held_rec, _pixels(held_images)))},
+                   "heldout_reconstruction_mse": float(F.mse_loss(held_rec, held_pixels))},
             "gpt": {"parameters": sum(p.numel() for p in lg.gpt.parameters()), "final_loss": tail(gpt_losses),
                     "heldout_loss": held_loss},
             "drafter": {"final_loss": tail(drafter_losses), "heldout_top1_agreement": top1},

@@ -50,3 +50,28 @@ def test_built_entry_loads_and_samples_like_ar(home):
     assert torch.equal(ar.tokens, spec.tokens)
     feats, logits = models.judge(ar.images)
     assert logits.shape == (2, len(models.classes)) and feats.shape[0] == 2
+
+
+def test_bfloat16_recipe_trains_every_stage_under_autocast_and_saves_float32(home, monkeypatch):
+    """A recipe's `precision: bfloat16` (the gpu recipe's) runs each stage's loss under autocast on its `device`;
+    the artifacts stay float32 on the CPU and sample losslessly."""
+    bf16 = {**imagegen.RECIPES["tiny"], "device": "cpu", "precision": "bfloat16"}
+    monkeypatch.setitem(imagegen.RECIPES, "tiny", bf16)
+    autocast = {}
+    real = imagegen._resumable
+
+    def watched(name, work, module, steps, lr, loss_fn, *args, **kwargs):
+        def loss(step):
+            autocast[name] = torch.is_autocast_enabled("cpu")
+            return loss_fn(step)
+        return real(name, work, module, steps, lr, loss, *args, **kwargs)
+
+    monkeypatch.setattr(imagegen, "_resumable", watched)
+    models = imagegen.load(zoo.build("imagegen", "tiny", progress=False))
+    assert autocast == {"vq": True, "gpt": True, "drafter": True, "classifier": True}
+    assert {p.dtype for p in models.lg.parameters()} == {torch.float32}
+    classes = torch.tensor([2, 5])
+    ar = ImageSampler(models.lg, proposer="ar").sample(classes, cfg_scale=2.0, temperature=0.0, decode=False)
+    spec = ImageSampler(models.lg, proposer=models.drafter).sample(classes, cfg_scale=2.0, temperature=0.0,
+                                                                  decode=False)
+    assert torch.equal(ar.tokens, spec.tokens)
