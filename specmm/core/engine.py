@@ -29,7 +29,7 @@ from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compi
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
-from specmm.core.finite import stopped
+from specmm.core.finite import raise_nonfinite_round, round_flags, stopped
 from specmm.core.limits import check_generation_positions, check_tree_vocab
 from specmm.core.profiling import RoundTimer
 from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
@@ -102,6 +102,26 @@ def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor,
     rounds += (take > 0).long()
     alive &= ~done
     return take
+
+
+def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingConfig, generators: Generators,
+                   alive: Tensor, history: History | None, out: Tensor, counts: Tensor, rounds: Tensor,
+                   histogram: Tensor, moved: Tensor, eos_ids: Tensor | None, max_new_tokens: int, pad: int
+                   ) -> tuple[RoundOutput, Tensor]:
+    """Compiled mode's round with its bookkeeping, so that one compiled graph does both (rows never leave the batch;
+    EOS the only criterion): 1. the round step; 2. `record_round` (tokens into `out`, counters, `alive`, in place);
+    3. the moved mass of the kept drafts into `moved` []; 4. the stop flags [2] (every row done, any verify logits
+    non-finite), which the loop reads in its one host sync. Outside a compiled graph each part runs compiled on its
+    own. alive, counts, rounds: [B]; out: [B, max_new_tokens + D + 1]; histogram: [D + 1]; eos_ids: [E] or None."""
+    step = getattr(type(gen).step, "__wrapped__", type(gen).step)  # undecorated: the loop holds no_grad
+    result = step(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
+    take = compiled_helper(record_round)(result.new_tokens, result.num_accepted, out, counts, rounds, histogram, alive,
+                                         eos_ids, max_new_tokens, pad)
+    if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
+        per_draft = result.diagnostics["moved_mass"]  # [B, D]
+        moved += (per_draft * (torch.arange(per_draft.shape[1], device=take.device)[None, :] < take[:, None])).sum()
+    flags = compiled_helper(round_flags)((~alive).all()[None], result.target_logits)
+    return result, flags
 
 
 def synchronize(device: torch.device) -> None:
@@ -370,6 +390,21 @@ class SpeculativeGenerator:
                                                         generators, max_new_tokens, criteria, pad, streamer, batch,
                                                         alive)
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
+        if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
+            eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
+            step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
+            while True:
+                history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
+                result, flags = step(roots, sampling, generators, alive, history, out, counts, rounds, histogram,
+                                     moved, eos, max_new_tokens, pad)
+                step, roots = later_step, result.next_token
+                stats.target_forwards += 1
+                all_done, any_bad = flags.tolist()  # compiled mode's one host sync per round
+                if any_bad:
+                    raise_nonfinite_round(result.target_logits, self.target, rounds)
+                if all_done:
+                    break
+            return out, counts, rounds, histogram, self._finish(stats, moved)
         step, later_step = self.step, self._round_step(sampling)
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
@@ -385,12 +420,15 @@ class SpeculativeGenerator:
                 per_draft = result.diagnostics["moved_mass"]  # [b, D]
                 kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
                 moved += (per_draft * kept).sum()
+        return out, counts, rounds, histogram, self._finish(stats, moved)
+
+    def _finish(self, stats: GenerationStats, moved: Tensor) -> GenerationStats:
         stats.moved_mass = float(moved)
         if self.timer is not None:
             self.timer.mark("other")
             stats.round_time_split = dict(self.timer.seconds)
             self.timer = None
-        return out, counts, rounds, histogram, stats
+        return stats
 
     @property
     def whole_round(self) -> bool | None:
@@ -402,23 +440,24 @@ class SpeculativeGenerator:
             return None
         return self._compiled_round.failed is None
 
-    def _round_step(self, sampling: SamplingConfig):
+    def _round_step(self, sampling: SamplingConfig, recorded: bool = False):
         """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
         graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
         `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
         phase boundaries). The first round runs per part: its checks may sync (an image prompt's last token) and
         its shapes differ."""
         plan = self._plan
+        per_part = functools.partial(recorded_round, self) if recorded else self.step
         if plan is None or not plan.compile or self.profile:
-            return self.step
+            return per_part
         key = (type(self.target), type(self.drafter), repr(self.tree), settings_key(self.rule))
         modules = held_modules(self.target, self.drafter)
         # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
         # frame, shared by every compiled function and outside the guard filter of `compile_static`
-        step = getattr(type(self).step, "__wrapped__", type(self).step)
+        step = recorded_round if recorded else getattr(type(self).step, "__wrapped__", type(self).step)
         self._compiled_round = shared_round(step, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
-        return whole if sampling.greedy else taped_rounds(self.step, whole, self.target.device)
+        return whole if sampling.greedy else taped_rounds(per_part, whole, self.target.device)
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
                 max_new_tokens, criteria, pad, streamer, batch, alive=None):

@@ -82,10 +82,15 @@ def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor, compiled
     flags = compiled_helper(round_flags) if compiled else round_flags
     any_done, any_bad = flags(done, logits).tolist()
     if any_bad:
-        bad = nonfinite_rows(logits)  # [b]
-        rows = bad.nonzero().flatten().tolist()
-        raise NonFiniteError(nonfinite_message(model, f"decoding round {int(rounds.max())}", rows))
+        raise_nonfinite_round(logits, model, rounds)
     return any_done
+
+
+def raise_nonfinite_round(logits: Tensor, model, rounds: Tensor) -> None:
+    """Raise NonFiniteError for a round whose verify logits [b, T, V] are not all finite, naming the model, the round
+    (`rounds`: forwards per live row so far) and the rows."""
+    rows = nonfinite_rows(logits).nonzero().flatten().tolist()
+    raise NonFiniteError(nonfinite_message(model, f"decoding round {int(rounds.max())}", rows))
 
 
 class FiniteWatch:
