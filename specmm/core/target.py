@@ -8,6 +8,8 @@ modeling code. Drafters built on HF models (`ModelDrafter`, `EagleDrafter`) reus
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, runtime_checkable
@@ -36,6 +38,25 @@ def attention_backend(model: nn.Module) -> str:
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+@functools.cache
+def _cache_keyword(forward_owner: type) -> str:
+    parameters = inspect.signature(forward_owner.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    from transformers import LlamaModel  # a wrapper passing **kwargs to a stock decoder: the installed name
+
+    return _cache_keyword(LlamaModel)
+
+
+def cache_keyword(module: nn.Module | type) -> str:
+    """The keyword `module.forward` takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name warns, and goes in 5.40); earlier 5.x releases take only `past_key_values`. A module taking only
+    `**kwargs` gets the name the installed transformers' decoders take. Reads a signature: call it outside
+    compiled code and keep the name."""
+    return _cache_keyword(module if isinstance(module, type) else type(module))
 
 
 def output_vocab_size(model: nn.Module) -> int:
@@ -79,6 +100,7 @@ class ModelRunner:
     def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None,
                  static: StaticPlan | None = None):
         self.model = model
+        self.cache_keyword = cache_keyword(model)
         self.backend = attention_backend(model)
         self.layout, self.window = mask_layout(model)
         self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
@@ -127,8 +149,8 @@ class ModelRunner:
             mask = {"full_attention": self._format(full),
                     "sliding_attention": self._format(self.cache.windowed(full, self.window))}
         call = self.compiled if fast else self.model
-        return call(attention_mask=mask, position_ids=positions, past_key_values=self.cache.cache, use_cache=True,
-                    **inputs)
+        return call(attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{self.cache_keyword: self.cache.cache}, **inputs)
 
     def _format(self, mask: Tensor) -> Tensor:
         """Bool masks for sdpa; additive float masks for eager attention."""

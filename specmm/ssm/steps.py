@@ -14,6 +14,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
+from specmm.core.target import cache_keyword
 from specmm.ssm.tree_scan import TreeLayout, TreeRecord, commit_state, replay_state, tree_mixer_forward
 
 
@@ -70,6 +71,7 @@ class TreeVerify(nn.Module):
     def __init__(self, model: nn.Module, tree_pass: TreePass, kernel: int):
         super().__init__()
         self.model, self.tree_pass, self.kernel = model, tree_pass, kernel
+        self.cache_keyword = cache_keyword(model)
 
     def forward(self, input_ids: Tensor, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor,
                 conv: dict[int, Tensor], ssm: dict[int, Tensor], scan_dtype: torch.dtype | None = None,
@@ -83,7 +85,7 @@ class TreeVerify(nn.Module):
         else:
             out = self.model(input_ids=input_ids, attention_mask={"full_attention": attention_mask,
                                                                   "linear_attention": None},
-                             position_ids=position_ids, past_key_values=past_key_values, use_cache=True,
+                             position_ids=position_ids, use_cache=True, **{self.cache_keyword: past_key_values},
                              logits_to_keep=logits_to_keep)
         return out.logits, tree_pass.records
 

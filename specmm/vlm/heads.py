@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from specmm.core.eagle import EagleHead
+from specmm.core.target import cache_keyword
 from specmm.vlm.compressors import AttentionTopK, Bypass, Identity, LatentQueryPooling, LearnedQueryPooling
 
 METHODS = ("eagle", "msd", "vispec", "dream", "flash")
@@ -133,6 +134,9 @@ class DreamOutput:
     mid_hidden_state: Tensor  # [B, n, H] after the cross-attention layer (supervised by a mid target layer)
 
 
+LAYER_CACHE_KEYWORD = cache_keyword(LlamaDecoderLayer)  # 'cache' from transformers 5.24
+
+
 class DreamHead(nn.Module):
     """DREAM drafter: the stream starts from token embeddings (image rows: vision features); target features
     enter only through the gated cross-attention layer; slot t pairs feature f_t with token t+1."""
@@ -168,8 +172,8 @@ class DreamHead(nn.Module):
             mask = mask | torch.eye(n, dtype=torch.bool, device=mask.device)  # padded rows see themselves
         cache = past_key_values if use_cache else None
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-        common = dict(attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                      position_embeddings=position_embeddings)
+        common = dict(attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
+                      **{LAYER_CACHE_KEYWORD: cache})
         hidden = self.layers[0](inputs_embeds, **common)
         mid = self.layers[1](hidden, cross_states, mask, cache)
         hidden = self.layers[2](mid, **common)
