@@ -59,7 +59,9 @@ class StepPolicy:
     judge_suffix: tuple[int, ...] | None = None
 
     def bind(self, speculator) -> None:
-        """Check the policy fits the speculator's models and tokenizer (ValueError otherwise)."""
+        """Check the policy fits the speculator's models and tokenizer (ValueError otherwise) and take what it
+        reads from them. Called when a speculator is made and again when it generates, so one policy object
+        can serve several speculators: it always reads the one that runs."""
 
     def decide(self, view: StepView) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -101,6 +103,7 @@ class SpecReason(StepPolicy):
         if method not in SCORE_METHODS:
             raise ValueError(f"method: expected one of {SCORE_METHODS}, got {method!r}")
         self.template, self.method = template, method
+        self.given_template = template  # None: the template comes from the bound speculator's chat template
         self.name = f"specreason(t={threshold:g})"
 
     @property
@@ -108,11 +111,11 @@ class SpecReason(StepPolicy):
         return self.template.suffix_ids if self.template is not None else None
 
     def bind(self, speculator) -> None:
-        if self.template is None:
-            self.template = JudgeTemplate.for_chat_model(speculator.tokenizer)
+        template = self.given_template or JudgeTemplate.for_chat_model(speculator.tokenizer)
         vocab = speculator.vocab_size
-        if max(self.template.suffix_ids + self.template.digits) >= vocab:
+        if max(template.suffix_ids + template.digits) >= vocab:
             raise ValueError(f"template: token ids outside the models' vocabulary of {vocab}")
+        self.template = template
 
     def decide(self, view):
         scores = self.template.score(view.judge(self.template.suffix_ids), self.method)

@@ -229,6 +229,7 @@ class StepSpeculator:
         (the other prompts wait); with `refill=True` (async only) a waiting prompt takes the place of each
         finished row, otherwise the next batch starts when the last one is done."""
         rows, prompt_ids, prompt_mask = self._prompts(prompts, attention_mask)
+        self.policy.bind(self)  # a policy shared by several speculators reads this one's tokenizer and models
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):

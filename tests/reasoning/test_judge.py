@@ -6,11 +6,14 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specmm.reasoning import JudgeTemplate
+from specmm.reasoning import JudgeTemplate, SpecReason, StepSpeculator
 from specmm.zoo.chainarith_task import make_tokenizer
+from tests.conftest import tiny_model
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PLAIN = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 def chat_tokenizer() -> PreTrainedTokenizerFast:
@@ -51,3 +54,23 @@ def test_expected_score_renormalises_over_digits():
     logits[0, template.digits[0]] = 0.0
     logits[0, template.digits[9]] = 0.0
     torch.testing.assert_close(template.score(logits, "expected"), torch.tensor([4.5]))
+
+
+def test_a_policy_shared_by_two_speculators_judges_with_the_chat_template_of_the_one_generating():
+    chatml, plain = chat_tokenizer(), chat_tokenizer()
+    plain.chat_template = PLAIN
+    target = tiny_model(vocab=len(chatml), seed=0, logit_scale=3.0)
+    draft = tiny_model(vocab=len(chatml), seed=1, num_hidden_layers=1, logit_scale=3.0)
+    options = dict(delimiter=[chatml.convert_tokens_to_ids("\n")], max_step_tokens=5)
+    shared = SpecReason(5, method="expected")  # expected scores move with every token of the judge suffix
+    speculators = {name: StepSpeculator(target, draft, tok, shared, **options)
+                   for name, tok in (("chatml", chatml), ("plain", plain))}
+    assert JudgeTemplate.for_chat_model(chatml).suffix_ids != JudgeTemplate.for_chat_model(plain).suffix_ids
+    for name, tokenizer in (("chatml", chatml), ("plain", plain), ("chatml", chatml)):
+        out = speculators[name].generate(["abc", "xyz"], max_new_tokens=15)
+        own = StepSpeculator(target, draft, tokenizer, SpecReason(5, method="expected"), **options).generate(
+            ["abc", "xyz"], max_new_tokens=15)
+        assert shared.template.suffix_ids == JudgeTemplate.for_chat_model(tokenizer).suffix_ids
+        assert len(out.scores) == len(own.scores) and torch.equal(out.completion_ids, own.completion_ids)
+        for row, own_row in zip(out.scores, own.scores):
+            torch.testing.assert_close(torch.tensor(row), torch.tensor(own_row), rtol=0, atol=0, equal_nan=True)
