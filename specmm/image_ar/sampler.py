@@ -10,6 +10,7 @@ round after the first (the first two when sampling: their draws go on a `DrawTap
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -62,8 +63,8 @@ class ImageSampler:
             acceptance = RULES[acceptance]()
         if not isinstance(acceptance, AcceptanceRule):
             raise ValueError(f"acceptance: {type(acceptance).__name__} is not an acceptance rule")  # noqa: TRY004
-        if isinstance(acceptance, (Lantern, GSD)):
-            acceptance.bind(self.model.codebook())
+        if isinstance(acceptance, (Lantern, GSD)):  # its own copy: a rule object may serve samplers of other codebooks
+            acceptance = copy.copy(acceptance).bind(self.model.codebook())
         self.rule: AcceptanceRule = acceptance
         if isinstance(proposer, ImageDrafter):
             self.proposer = proposer.bind(self.target)

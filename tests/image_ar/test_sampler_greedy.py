@@ -3,8 +3,12 @@
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 from specmm.core.tree import TreeSpec
-from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern, lantern_pp_tree
+from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern, codebook_neighbours, lantern_pp_tree
+from specmm.image_ar.acceptance import calibrate_distance
+from tests.image_ar.conftest import tiny_llamagen
 
 CONDITIONS = torch.tensor([1, 3, 5])
 
@@ -41,6 +45,23 @@ def test_drafter_shared_by_samplers_serves_the_one_sampling(lg, reference):
     out = wide.sample(CONDITIONS, cfg_scale=3.0, temperature=0.0, decode=False)
     assert torch.equal(out.tokens, reference.tokens)
     assert out.stats.mean_accepted > 1.0 and unguided.tokens.shape == reference.tokens.shape
+
+
+def test_rule_shared_by_samplers_of_two_codebooks_reads_each_samplers_own():
+    """Lantern's neighbour table and GSD's embeddings and distance scale come from the sampler's own codebook, not
+    from whichever sampler bound a shared rule first or last; the caller's rule object is left as it was."""
+    models = [tiny_llamagen(seed=0), tiny_llamagen(seed=1)]
+    lantern, gsd = Lantern(k=4, delta=0.2), GSD(window=4, p_gap=0.5, quantile=0.3)
+    samplers = [(ImageSampler(m, proposer="jacobi", acceptance=lantern, window=4),
+                 ImageSampler(m, proposer="jacobi", acceptance=gsd, window=4)) for m in models]
+    assert lantern.neighbours is None and gsd.embeddings is None and gsd.d_max is None
+    for with_lantern, with_gsd in samplers:
+        codebook = with_lantern.model.codebook()
+        assert torch.equal(with_lantern.rule.neighbours, codebook_neighbours(codebook, 4))
+        embeddings = F.normalize(codebook.float(), dim=-1)
+        assert torch.equal(with_gsd.rule.embeddings, embeddings)
+        assert with_gsd.rule.d_max == calibrate_distance(embeddings, 0.3)
+    assert not torch.equal(samplers[0][0].rule.neighbours, samplers[1][0].rule.neighbours)
 
 
 def test_greedy_equal_with_cfg_interval(lg):
