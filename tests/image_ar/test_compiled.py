@@ -114,7 +114,10 @@ def test_compiled_exact_drafter_samples_the_target_distribution(small):
 
 def test_a_compiled_round_makes_no_host_sync_and_the_loop_one_per_round(small, monkeypatch):
     """Nothing inside the round step reaches the host; the loop reads one verdict per round (stopped rows and
-    non-finite logits together) and the moved mass once at the end. Same shapes as the SJD test: no compile."""
+    non-finite logits together) and the moved mass once at the end. Same shapes as the SJD test: no compile. The
+    counting wrapper cannot be traced, so the round runs part by part here (one RuntimeWarning says so) and every
+    part's syncs are counted; `test_compiled_relaxed_rules_sample_the_same_tokens_as_eager` asserts that the
+    unpatched round is one graph."""
     counted = {"step": [], "loop": []}
 
     def counting(name, real):
