@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -104,6 +104,18 @@ def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor,
     return take
 
 
+def add_kept_moved_mass(moved: Tensor, result: RoundOutput, take: Tensor) -> None:
+    """Add the moved mass of the drafts each row kept (its first `take` [b] of D) to `moved` [], in place."""
+    if "moved_mass" in result.diagnostics:
+        per_draft = result.diagnostics["moved_mass"]  # [b, D]
+        moved += (per_draft * (torch.arange(per_draft.shape[1], device=take.device)[None, :] < take[:, None])).sum()
+
+
+def undecorated_step(cls: type) -> Callable:
+    """`cls.step` without its no_grad decorator (the loop holds no_grad; a compiled frame must be the step's own)."""
+    return getattr(cls.step, "__wrapped__", cls.step)
+
+
 def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingConfig, generators: Generators,
                    alive: Tensor, history: History | None, out: Tensor, counts: Tensor, rounds: Tensor,
                    histogram: Tensor, moved: Tensor, eos_ids: Tensor | None, max_new_tokens: int, pad: int
@@ -113,13 +125,10 @@ def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingC
     3. the moved mass of the kept drafts into `moved` []; 4. the stop flags [2] (every row done, any verify logits
     non-finite), which the loop reads in its one host sync. Outside a compiled graph each part runs compiled on its
     own. alive, counts, rounds: [B]; out: [B, max_new_tokens + D + 1]; histogram: [D + 1]; eos_ids: [E] or None."""
-    step = getattr(type(gen).step, "__wrapped__", type(gen).step)  # undecorated: the loop holds no_grad
-    result = step(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
+    result = undecorated_step(type(gen))(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
     take = compiled_helper(record_round)(result.new_tokens, result.num_accepted, out, counts, rounds, histogram, alive,
                                          eos_ids, max_new_tokens, pad)
-    if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
-        per_draft = result.diagnostics["moved_mass"]  # [B, D]
-        moved += (per_draft * (torch.arange(per_draft.shape[1], device=take.device)[None, :] < take[:, None])).sum()
+    add_kept_moved_mass(moved, result, take)
     flags = compiled_helper(round_flags)((~alive).all()[None], result.target_logits)
     return result, flags
 
@@ -416,10 +425,7 @@ class SpeculativeGenerator:
                                                            criteria, pad, streamer, batch, alive)
             if alive is not None and stopped((~alive).all()[None], result.target_logits, self.target, rounds, True):
                 break  # compiled mode's one host sync per round: every row done (or NaN/inf logits raised)
-            if "moved_mass" in result.diagnostics:  # only over the drafts that were kept
-                per_draft = result.diagnostics["moved_mass"]  # [b, D]
-                kept = torch.arange(per_draft.shape[1], device=device)[None, :] < take[:, None]
-                moved += (per_draft * kept).sum()
+            add_kept_moved_mass(moved, result, take)
         return out, counts, rounds, histogram, self._finish(stats, moved)
 
     def _finish(self, stats: GenerationStats, moved: Tensor) -> GenerationStats:
@@ -454,7 +460,7 @@ class SpeculativeGenerator:
         modules = held_modules(self.target, self.drafter)
         # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
         # frame, shared by every compiled function and outside the guard filter of `compile_static`
-        step = recorded_round if recorded else getattr(type(self).step, "__wrapped__", type(self).step)
+        step = recorded_round if recorded else undecorated_step(type(self))
         self._compiled_round = shared_round(step, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
         return whole if sampling.greedy else taped_rounds(per_part, whole, self.target.device)

@@ -126,7 +126,6 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     size, every = recipe["image_size"], recipe["checkpoint_every"]
     device, precision = training_device(recipe), recipe.get("precision", "float32")
-    train = {"precision": precision}
     images, labels = class_dataset(recipe["per_class"], size, seed)
     held_images, held_labels = class_dataset(recipe["heldout_per_class"], size, seed + 1)
     images, labels = images.to(device), labels.to(device)
@@ -148,7 +147,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     vt = recipe["vq_train"]
     vq_losses = _resumable("vq", work, lg.vq, vt["steps"], vt["lr"],
                            lambda s: vq_loss(lg.vq, pixels[_batch(n, vt["batch_size"], s, seed)]), every, progress,
-                           **train)
+                           precision=precision)
     with torch.no_grad():
         codes = torch.cat([lg.vq.encode(chunk) for chunk in pixels.split(256)])  # [N, grid^2]
         held_rec = torch.cat([lg.vq(chunk)[0] for chunk in held_pixels.split(256)])
@@ -164,7 +163,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         logits = lg.gpt(cond, codes[index])
         return F.cross_entropy(logits.flatten(0, 1), codes[index].flatten())
 
-    gpt_losses = _resumable("gpt", work, lg.gpt, gt["steps"], gt["lr"], gpt_loss, every, progress, **train)
+    gpt_losses = _resumable("gpt", work, lg.gpt, gt["steps"], gt["lr"], gpt_loss, every, progress, precision=precision)
     with torch.no_grad():
         held_codes = lg.vq.encode(held_pixels)
         held_loss = float(F.cross_entropy(lg.gpt(held_on_device, held_codes).flatten(0, 1), held_codes.flatten()))
@@ -182,7 +181,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         return drafter_loss(drafter, cond, codes[index], 0.1, 0.2, torch.Generator().manual_seed(step))[0]
 
     cfg = DrafterTrainConfig(steps=dt["steps"], batch_size=dt["batch_size"], lr=dt["lr"])
-    drafter_losses = _resumable("drafter", work, drafter.head, cfg.steps, cfg.lr, head_loss, every, progress, **train)
+    drafter_losses = _resumable("drafter", work, drafter.head, cfg.steps, cfg.lr, head_loss, every, progress,
+                                precision=precision)
     with torch.no_grad():
         top1 = drafter_loss(drafter, held_on_device, held_codes)[1]["top1"]
 
@@ -201,7 +201,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         return F.cross_entropy(classifier(x), labels[index])
 
     classifier_losses = _resumable("classifier", work, classifier, ct["steps"], ct["lr"], classifier_loss, every,
-                                   progress, **train)
+                                   progress, precision=precision)
     held_accuracy = accuracy(judge(held_images)[1], held_labels)
     lg.cpu(), drafter.head.cpu(), classifier.cpu()
 
