@@ -1,0 +1,69 @@
+"""Does a process's compile history slow a compiled row? The zoo captioner's eagle drafter, chain k=2, compiled, over
+8 held-out scenes at batch 1 (min / median of 3): fresh, after compiling every drafter's chain and tree rows (what
+a full `specmm bench vlm --compile` does before its timed runs), and after `gc.freeze()`. Garbage-collection pauses
+in the timed runs are summed from `gc.callbacks`.
+
+Run: `OMP_NUM_THREADS=2 python benchmarks/vlm_compile_history_probe.py` (after the zoo `captioner-drafters` build).
+Result at cb52fc3: fresh 1.548 / 1.552 s, after compiling all 1.688 / 1.997 s, after gc.freeze 1.687 / 2.066 s; no
+collection ran during any timed run.
+"""
+
+import gc
+import statistics
+import time
+
+import torch
+
+import specmm
+from specmm import zoo
+from specmm.bench.vlm import heldout_seeds, scene_batch
+from specmm.vlm import VisionDrafter
+from specmm.zoo import captioner
+
+METHODS = ("eagle", "msd", "vispec", "dream", "flash")
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    models = captioner.load(zoo.build("captioner", "cpu"), device=torch.device("cpu"), dtype=torch.float32)
+    folder = zoo.build("captioner-drafters", "cpu")
+    drafters = {m: VisionDrafter.from_pretrained(folder / m, models.target) for m in METHODS}
+    prompts = [scene_batch(models, [seed]) for seed in heldout_seeds("cpu")[:8]]
+    tokenizer = models.processor.tokenizer
+    chain, tree = specmm.TreeSpec.chain(2), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6)
+    paused, started = [0.0], [0.0]
+
+    def on_gc(phase, info) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            paused[0] += time.perf_counter() - started[0]
+    gc.callbacks.append(on_gc)
+
+    def run(method: str, spec: specmm.TreeSpec) -> None:
+        for enc in prompts:
+            gen = specmm.SpeculativeGenerator(models.target, drafters[method], tree=spec, compile=True)
+            gen.generate(**enc, max_new_tokens=160, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+
+    def measure(label: str) -> None:
+        times, paused[0] = [], 0.0
+        for _ in range(3):
+            begun = time.perf_counter()
+            run("eagle", chain)
+            times.append(time.perf_counter() - begun)
+        print(f"{label}: eagle chain, 8 scenes: min {min(times):.3f} median {statistics.median(times):.3f} s; "
+              f"gc pauses {paused[0]:.3f} s", flush=True)
+
+    with torch.no_grad():
+        run("eagle", chain), run("eagle", chain)
+        measure("fresh")
+        for method in METHODS:
+            run(method, chain), run(method, tree)
+        measure("after compiling all")
+        gc.freeze()
+        measure("after gc.freeze")
+
+
+if __name__ == "__main__":
+    main()
