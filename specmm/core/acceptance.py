@@ -181,12 +181,25 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
     target_probs: [B, T, V] processed target distribution after each node. All random draws are made up
     front (per row when per-row generators are given), so the walk has no host sync. A rule not declared
     exact has its `diagnostics` recorded for every accepted draft, against the distribution it was tested on.
-    `draws`: the `sampled_draws` made beforehand (a compiled walk takes them as inputs).
+    `draws`: the `sampled_draws` made beforehand (a compiled walk takes them as inputs). The walk is chosen
+    from the tree's shape: a chain (one child per node: Jacobi windows, chain drafters) decides every draft
+    in one batched rule call (`walk_chain`), any other tree level by level (`walk_tree`); both give the same
+    outcome for the same draws.
     """
+    vocab = target_probs.shape[-1]
+    coins, noise = draws if draws is not None else sampled_draws(tree, vocab, generators, target_probs.device)
+    if tree.max_children == 1 and tree.max_depth >= 1:  # a chain: every decision at once, same draws, same outcome
+        return walk_chain(tree, target_probs, rule, coins, noise)
+    return walk_tree(tree, target_probs, rule, coins, noise)
+
+
+def walk_tree(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule, coins: Tensor, noise: Tensor
+              ) -> AcceptResult:
+    """The recursive-rejection walk, level by level and sibling by sibling (a later sibling is tested against
+    the residual its earlier siblings left). target_probs: [B, T, V]; coins: [B, D, C]; noise: [B, V]."""
     batch, nodes, vocab = target_probs.shape
     device = target_probs.device
     depth_levels, width = tree.max_depth, tree.max_children
-    coins, noise = draws if draws is not None else sampled_draws(tree, vocab, generators, device)  # [B, D, C], [B, V]
     rows = torch.arange(batch, device=device)
     children = tree.children  # [B, T, C]
     current = torch.zeros(batch, dtype=torch.long, device=device)
@@ -216,5 +229,48 @@ def accept_sampled(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule =
         current = chosen
         probs = torch.where(moved[:, None], target_probs[rows, current], probs)
         walking &= moved
+    return AcceptResult(path=tree.path_to(current), num_accepted=tree.depth[rows, current],
+                        next_token=sample_with_noise(probs, noise), diagnostics=recorded)
+
+
+def walk_chain(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule, coins: Tensor, noise: Tensor
+               ) -> AcceptResult:
+    """`walk_tree` for a chain (one child per node), with all D decisions in one batched rule call.
+
+    In a chain each draft is tested against its parent's own distribution (no sibling ever leaves a residual),
+    so decision l is `coins[:, l, 0] < a(p_l, q_l, x_l)` for every l at once; the accepted prefix is where
+    all decisions so far hold, and only the first rejection's residual is built. The draws and therefore the
+    tokens are those of `walk_tree`. target_probs: [B, T, V]; coins: [B, D, 1]; noise: [B, V].
+    """
+    batch, _nodes, vocab = target_probs.shape
+    levels = tree.max_depth
+    rows = torch.arange(batch, device=target_probs.device)
+    first_child = tree.children[:, :, 0]  # [B, T], -1 where a node has no (valid) child
+    chain = [torch.zeros_like(rows)]  # node at each depth, -1 past the chain's end
+    for _ in range(levels):
+        chain.append(torch.where(chain[-1] >= 0, first_child[rows, chain[-1].clamp_min(0)], -1))
+    nodes = torch.stack(chain, 1)  # [B, D+1]
+    parent, child = nodes[:, :-1].clamp_min(0), nodes[:, 1:]  # [B, D] each
+    exists = child >= 0
+    child = child.clamp_min(0)
+    parent_probs = target_probs[rows[:, None], parent].flatten(0, 1)  # [B*D, V]
+    draft_probs = None if tree.draft_probs is None else tree.draft_probs[rows[:, None], child].flatten(0, 1)
+    tokens = tree.tokens.gather(1, child)  # [B, D]
+    accept_p = rule.accept_probability(parent_probs, draft_probs, tokens.flatten()).view(batch, levels)
+    accepted = (exists & (coins[:, :levels, 0] < accept_p)).long().cumprod(-1).bool()  # [B, D] accepted prefix
+    num_accepted = accepted.sum(-1)  # [B]
+    current = nodes.gather(1, num_accepted[:, None])[:, 0]  # [B] deepest accepted node
+    recorded: dict[str, Tensor] = {}
+    if not rule.exact:
+        for name, value in rule.diagnostics(parent_probs, draft_probs, tokens.flatten()).items():
+            recorded[name] = torch.where(accepted, value.view(batch, levels).to(target_probs.dtype), 0.0)
+    # the first rejection, if any: the next token comes from its residual, else from the last node's p
+    stop = num_accepted.clamp(max=levels - 1)  # [B]
+    rejected = (num_accepted < levels) & exists.gather(1, stop[:, None])[:, 0]
+    probs = target_probs[rows, current]  # [B, V]
+    stop_draft = None if draft_probs is None else draft_probs.view(batch, levels, vocab)[rows, stop]
+    residual = normalize(rule.reject(probs, stop_draft, tokens[rows, stop]))
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)  # no mass left: keep p
+    probs = torch.where(rejected[:, None], residual, probs)
     return AcceptResult(path=tree.path_to(current), num_accepted=tree.depth[rows, current],
                         next_token=sample_with_noise(probs, noise), diagnostics=recorded)

@@ -8,7 +8,8 @@ inherited tests check:
 - the greedy behaviour is the declared one ("argmax", "relaxed" or "refuse");
 - the TV bound holds where the rule claims one, on the exact output distribution of one decision;
 - relaxed rules report as moved mass what they moved;
-- the same seed gives the same outcome.
+- the same seed gives the same outcome;
+- a chain's batched walk equals the tree walk, decision for decision.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specmm.core.acceptance import EXACT, accept, accept_greedy, accept_sampled
+from specmm.core.acceptance import EXACT, accept, accept_greedy, accept_sampled, sampled_draws, walk_chain, walk_tree
 from specmm.core.sampling import SamplingConfig, normalize
 from specmm.core.tree import DraftTree
 from tests.core.test_tree import random_tree
@@ -40,6 +41,29 @@ def one_decision_output(rule, target_probs: torch.Tensor, tokens: torch.Tensor) 
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs)
     point = torch.zeros_like(target_probs).scatter_(-1, tokens[:, None], 1.0)
     return accept_p[:, None] * point + (1 - accept_p[:, None]) * residual
+
+
+def random_chain(seed: int, batch: int = 8, depth: int = 6, sampled: bool = True) -> tuple[DraftTree, torch.Tensor]:
+    """A ragged batch of chains, nodes in shuffled order, some rows cut short by invalid nodes, drafts mostly
+    drawn from the target (so long prefixes are accepted); and the target probs [B, T, V] after each node."""
+    gen = torch.Generator().manual_seed(seed)
+    nodes = depth + 1
+    order = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(depth, generator=gen) + 1])
+                         for _ in range(batch)])  # [B, D+1] node at each depth
+    parents, node_depth = torch.full((batch, nodes), -1), torch.zeros(batch, nodes, dtype=torch.long)
+    rows = torch.arange(batch)[:, None]
+    parents[rows, order[:, 1:]] = order[:, :-1]
+    node_depth[rows, order] = torch.arange(nodes)
+    length = torch.randint(0, depth + 1, (batch,), generator=gen)  # valid drafts per row
+    valid = node_depth <= length[:, None]
+    target = torch.softmax(torch.randn(batch, nodes, VOCAB, generator=gen, dtype=torch.float64) * 2, -1)
+    jitter = torch.randn(batch, nodes, VOCAB, generator=gen, dtype=torch.float64) * 0.5
+    draft = torch.softmax(torch.log(target) + jitter, -1)
+    parent_draft = draft[rows, parents.clamp_min(0)]  # each node is drawn from q after its parent
+    tokens = torch.multinomial(parent_draft.flatten(0, 1), 1, generator=gen).view(batch, nodes)
+    tree = DraftTree(tokens=tokens, parents=parents, depth=node_depth, valid=valid, max_depth=depth, max_children=1,
+                     draft_probs=parent_draft if sampled else None)
+    return tree, target
 
 
 def tree_with_draft_probs(seed: int, sampled: bool) -> DraftTree:
@@ -145,3 +169,18 @@ class AcceptanceRuleCommonTest:
         assert first.diagnostics.keys() == second.diagnostics.keys()
         for name in first.diagnostics:
             assert torch.equal(first.diagnostics[name], second.diagnostics[name])
+
+    @pytest.mark.parametrize("sampled", [False, True], ids=["point-mass", "sampled-drafts"])
+    def test_chain_walk_equals_the_tree_walk(self, sampled):
+        """`accept_sampled` walks a chain in one batched decision; same draws -> same path, token, diagnostics."""
+        rule = self.make_rule(**self.relaxed_knobs)
+        for seed in range(4):
+            tree, probs = random_chain(seed, sampled=sampled)
+            coins, noise = sampled_draws(tree, VOCAB, torch.Generator().manual_seed(seed), probs.device)
+            fast, slow = walk_chain(tree, probs, rule, coins, noise), walk_tree(tree, probs, rule, coins, noise)
+            assert torch.equal(fast.path, slow.path) and torch.equal(fast.num_accepted, slow.num_accepted)
+            assert torch.equal(fast.next_token, slow.next_token)
+            assert fast.diagnostics.keys() == slow.diagnostics.keys()
+            for name in fast.diagnostics:
+                torch.testing.assert_close(fast.diagnostics[name], slow.diagnostics[name], rtol=0, atol=1e-12)
+            assert 0 < int(slow.num_accepted.sum()) and bool((slow.num_accepted < tree.max_depth).any())
