@@ -97,7 +97,7 @@ def _bench_vlm(args, methods, device, name) -> int:
     models = captioner.load(zoo.build("captioner", args.scale), device=device, dtype=args.dtype)
     drafters_dir = zoo.build("captioner-drafters", args.scale)
     drafters = {m: VisionDrafter.from_pretrained(drafters_dir / m, models.target) for m in methods}
-    k, depth, top_k, total = (2, 3, 2, 6) if device.type == "cpu" else (4, 4, 4, 16)
+    k, depth, top_k, total = (4, 3, 2, 6) if device.type == "cpu" else (4, 4, 4, 16)
     setup = VLMBenchSetup(scenes=args.scenes, batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens,
                           tree=specmm.TreeSpec.dynamic(depth=args.depth or depth, top_k=args.top_k or top_k,
                                                        total_tokens=args.total_tokens or total),
@@ -236,7 +236,7 @@ def add_parser(sub):
     vlm.add_argument("--max-new-tokens", type=positive_int, default=160)
     vlm.add_argument("--trees", nargs="+", choices=["chain", "dynamic"], default=["chain", "dynamic"],
                      help="specmm rows per drafter: a chain of --k tokens and/or the dynamic tree")
-    vlm.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    vlm.add_argument("--k", type=positive_int, help="chain length (default: 4)")
     vlm.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 4 on CUDA)")
     vlm.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
     vlm.add_argument("--total-tokens", type=int_range(2),
