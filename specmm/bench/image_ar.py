@@ -27,11 +27,13 @@ import torch
 from tqdm.auto import tqdm
 
 from specmm.bench.compile_watch import CompileWatch
+from specmm.core.tree import TreeSpec
 from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar, round_ms
 from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
 LOSSLESS = ("exact", "sjd")
+DRAFT_TREE_METHODS = ("exact", "lantern")  # the rows --draft-chain applies to
 
 
 def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, sampling: dict, device) -> dict:
@@ -103,8 +105,10 @@ def bench_image_ar(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
     partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
+    # drafter rows (exact SD with the drafter, LANTERN) draft a chain of --draft-chain tokens, else the dynamic tree
+    draft_tree = TreeSpec.chain(args.draft_chain) if args.draft_chain else None
     settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
-                "seed": args.seed, "compile": bool(args.compile), **sampling, **knobs}
+                "seed": args.seed, "compile": bool(args.compile), "draft_chain": args.draft_chain, **sampling, **knobs}
     # the partial rows are a job: --resume continues only the same benchmark, a second run on it is refused
     with Job(partial, "bench image_ar", settings, resume=args.resume, force=not args.resume, folder=True,
              owned=("rows.json", "ref.pt"), argument="--name"):
@@ -124,7 +128,8 @@ def bench_image_ar(args) -> int:
                     continue
                 first = method == "ar" and not compiled
                 base_seconds = None if first else done["rows"][f"ar (bs {batch_size})"].median_s
-                sampler = make_sampler(lg, method, drafter, compile=compiled, **knobs)
+                sampler = make_sampler(lg, method, drafter, compile=compiled,
+                                       tree=draft_tree if method in DRAFT_TREE_METHODS else None, **knobs)
                 warm, timed = CompileWatch(), CompileWatch()
                 if compiled:
                     with warm:
@@ -171,6 +176,9 @@ def bench_image_ar(args) -> int:
             "dominated by estimation noise."),
             (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
             f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
+            (f"exact SD and LANTERN draft a chain of {args.draft_chain} tokens" if args.draft_chain else
+             "exact SD and LANTERN draft the dynamic tree (depth 4, top-k 4, 16 nodes)") +
+            "; LANTERN++ its upstream `naive_extend_57` tree.",
         ]
         setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
                  f"{record['tokens_per_image']} tokens per {record['image_size']} px image, "
@@ -219,6 +227,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--lam", type=float, default=5.0)
     p.add_argument("--lantern-k", type=int, default=32)
     p.add_argument("--lantern-pp-k", type=int, default=10)
+    p.add_argument("--draft-chain", type=int,
+                   help="exact SD (with the drafter) and LANTERN draft a chain of this many tokens instead of the "
+                        "dynamic tree (depth 4, top-k 4, 16 nodes); LANTERN++ keeps its own tree")
     p.add_argument("--gsd-window", type=int, default=14)
     p.add_argument("--gsd-gap", type=float, default=0.15, help="GSD: max |p(y) - p(x)| inside a group")
     p.add_argument("--gsd-quantile", type=float, default=0.05,

@@ -84,3 +84,29 @@ def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, c
     assert all(rows[m]["matched"] for m in ("ar", "exact", "sjd"))  # greedy tokens equal HF generate's
     assert all(r["mean_accepted"] >= 1.0 and r["median_s"] > 0 for r in report["rows"])
     assert any("meaningless" in note for note in report["notes"]) and "meaningless" in capsys.readouterr().out
+
+
+def test_bench_image_ar_draft_chain_gives_drafter_rows_a_chain(tmp_path, monkeypatch):
+    """--draft-chain K: exact SD and LANTERN draft a chain of K (at most K + 1 tokens per forward), exact still
+    reproduces greedy AR; Jacobi rows keep their window."""
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    from specmm.image_ar import methods
+
+    trees, real = {}, methods.make_sampler
+
+    def spy(lg, method, drafter=None, **kw):
+        sampler = real(lg, method, drafter, **kw)
+        trees[method] = sampler.tree
+        return sampler
+
+    monkeypatch.setattr(methods, "make_sampler", spy)
+    out = tmp_path / "bench"
+    assert main(["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "2", "--window", "4",
+                 "--methods", "ar,exact,sjd,lantern", "--top-k", "8", "--draft-chain", "3", "--out", str(out),
+                 "--name", "d"]) == 0
+    assert trees["exact"].kind == "chain" and trees["exact"].num_nodes == 4 and trees["lantern"].num_nodes == 4
+    assert trees["sjd"].num_nodes == 4 and trees["ar"] is None  # the Jacobi window of 4: a chain of 3 as before
+    rows = {r["method"].split(" ")[0]: r for r in json.loads((out / "d.json").read_text())["rows"]}
+    assert rows["exact"]["matched"] is True
+    assert all(1.0 <= rows[m]["mean_accepted"] <= 4.0 for m in ("exact", "lantern"))
+    assert "draft a chain of 3 tokens" in (out / "d.md").read_text()
