@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from specmm.jobs.job import Job
 from specmm.jobs.journal import Journal
 
 logger = logging.getLogger(__name__)
+_closing_registered = False
 
 
 class Processes:
@@ -34,6 +36,10 @@ class Processes:
         from accelerate import PartialState
 
         self.state = PartialState(cpu=cpu)
+        global _closing_registered
+        if self.state.num_processes > 1 and not _closing_registered:  # one process group per process, closed at exit
+            atexit.register(self.state.destroy_process_group)  # as accelerate asks: a live group can abort the exit
+            _closing_registered = True
 
     @property
     def rank(self) -> int:
