@@ -27,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specmm.bench.compile_watch import CompileWatch
-from specmm.core.tree import TreeSpec
 from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar, round_ms
+from specmm.core.tree import TreeSpec
 from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
@@ -83,6 +83,7 @@ def bench_image_ar(args) -> int:
     from specmm.image_ar.compiled import compile_failures
     from specmm.image_ar.images import image_grid
     from specmm.image_ar.methods import METHODS, make_sampler
+    from specmm.image_ar.sampler import DRAFTER_TREE
     from specmm.image_ar.metrics import accuracy, fid, kid
     from specmm.zoo import imagegen
 
@@ -177,7 +178,8 @@ def bench_image_ar(args) -> int:
             (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
             f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
             (f"exact SD and LANTERN draft a chain of {args.draft_chain} tokens" if args.draft_chain else
-             "exact SD and LANTERN draft the dynamic tree (depth 4, top-k 4, 16 nodes)") +
+             f"exact SD and LANTERN draft the dynamic tree (depth {DRAFTER_TREE.depth}, top-k {DRAFTER_TREE.top_k}, "
+             f"{DRAFTER_TREE.total_tokens} nodes)") +
             "; LANTERN++ its upstream `naive_extend_57` tree.",
         ]
         setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
@@ -229,7 +231,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--lantern-pp-k", type=int, default=10)
     p.add_argument("--draft-chain", type=int,
                    help="exact SD (with the drafter) and LANTERN draft a chain of this many tokens instead of the "
-                        "dynamic tree (depth 4, top-k 4, 16 nodes); LANTERN++ keeps its own tree")
+                        "sampler's dynamic tree; LANTERN++ keeps its own tree")
     p.add_argument("--gsd-window", type=int, default=14)
     p.add_argument("--gsd-gap", type=float, default=0.15, help="GSD: max |p(y) - p(x)| inside a group")
     p.add_argument("--gsd-quantile", type=float, default=0.05,

@@ -256,9 +256,9 @@ def add_parser(sub):
     set_types(bsub.choices["image_ar"], {
         "images": positive_int, "batch_sizes": positive_int, "cfg_scale": float_range(1.0), "top_k": nonnegative_int,
         "window": int_range(2), "delta": float_range(0.0, 1.0), "lam": float_range(1.0), "lantern_k": positive_int,
-        "lantern_pp_k": positive_int, "draft_chain": positive_int, "gsd_window": positive_int, "gsd_gap": float_range(0.0, 1.0),
-        "gsd_quantile": float_range(0.0, 1.0), "seed": nonnegative_int, "device": device_arg, "repeats": positive_int,
-        "dtype": dtype_arg})
+        "lantern_pp_k": positive_int, "draft_chain": positive_int, "gsd_window": positive_int,
+        "gsd_gap": float_range(0.0, 1.0), "gsd_quantile": float_range(0.0, 1.0), "seed": nonnegative_int,
+        "device": device_arg, "repeats": positive_int, "dtype": dtype_arg})
     cs = bsub.add_parser("cspd", help="continuous-token AR: target alone vs CSpD (zoo cspd), FID/KID vs noise floor")
     cs.add_argument("--scale", default="cpu")
     cs.add_argument("--images", type=positive_int, default=200)

@@ -272,5 +272,5 @@ def walk_chain(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule, coin
     residual = normalize(rule.reject(probs, stop_draft, tokens[rows, stop]))
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)  # no mass left: keep p
     probs = torch.where(rejected[:, None], residual, probs)
-    return AcceptResult(path=tree.path_to(current), num_accepted=tree.depth[rows, current],
+    return AcceptResult(path=tree.path_to(current), num_accepted=num_accepted,  # current's depth
                         next_token=sample_with_noise(probs, noise), diagnostics=recorded)

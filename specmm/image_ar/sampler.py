@@ -33,6 +33,7 @@ from specmm.image_ar.llamagen.model import LlamaGen
 from specmm.image_ar.models import ImageModel, image_model_for
 
 RULES = {"exact": Exact, "sjd": SJD}
+DRAFTER_TREE = TreeSpec.dynamic(depth=4, top_k=4, total_tokens=16)  # a drafter's tree unless one is given
 
 
 @dataclass
@@ -68,7 +69,7 @@ class ImageSampler:
         self.rule: AcceptanceRule = acceptance
         if isinstance(proposer, ImageDrafter):
             self.proposer = proposer.bind(self.target)
-            self.tree = tree or TreeSpec.dynamic(depth=4, top_k=4, total_tokens=16)
+            self.tree = tree or DRAFTER_TREE
         elif proposer == "jacobi":
             self.proposer = JacobiProposer(self.target, window, init)
             self.tree = TreeSpec.chain(window - 1)
