@@ -3,8 +3,8 @@ for each batch (nothing stored per sample), the drafter runs teacher-forced over
 sees at inference, and each method has its own loss (upstream recipes, vlm.md):
 
 - eagle, msd, flash: SmoothL1(feature) + 0.1 soft-label CE (flash also on its semi-autoregressive levels);
-- vispec: stage 1 SmoothL1 + 0.1 (CE + 0.1 rank); stage 2 10 L1(probabilities) + 0.1 rank, averaged with one
-  self-feeding unroll (the head reads its own predicted features);
+- vispec: stage 1 SmoothL1 + 0.1 (CE + 0.1 rank); stage 2 10 L1(probabilities) + 0.1 rank, averaged over the
+  teacher-forced pass and `vispec_unroll_steps` self-fed passes (each reads the previous pass's predicted features);
 - dream: 0.2 SmoothL1 + KL + SmoothL1(cross-attention layer output, the target layer of lowest attention
   entropy among the first 40 % of layers, per token).
 Stage "text" trains on answers without images; stage "multimodal" with them.
@@ -37,6 +37,11 @@ class DrafterTrainConfig(EagleTrainConfig):
 
     rank_top_k: int = 10
     dream_mid_fraction: float = 0.4
+    vispec_unroll_steps: int = 1  # ViSpec stage 2: self-fed passes averaged with the teacher-forced one (mtp_steps)
+
+    def __post_init__(self):
+        if self.vispec_unroll_steps < 0:
+            raise ValueError(f"vispec_unroll_steps: expected >= 0, got {self.vispec_unroll_steps}")
 
 
 @dataclass
@@ -150,9 +155,11 @@ def drafter_loss(drafter: VisionDrafter, passed: TargetPass, batch: dict[str, Te
         per_slot = 0.2 * regression + kl + mid
         parts["mid"] = _masked_mean(mid, weight).item()
     elif method == "vispec" and stage == "multimodal":
-        per_slot = _vispec_stage2(logits, target_logits, config)
-        unrolled = _self_fed(drafter, ids, mask, prefill, predicted, kept)
-        per_slot = 0.5 * (per_slot + _vispec_stage2(lm_head(unrolled), target_logits, config))
+        per_slot, fed = _vispec_stage2(logits, target_logits, config), predicted
+        for _ in range(config.vispec_unroll_steps):  # each pass reads the previous pass's predicted features
+            fed = _self_fed(drafter, ids, mask, prefill, fed, kept)
+            per_slot = per_slot + _vispec_stage2(lm_head(fed), target_logits, config)
+        per_slot = per_slot / (1 + config.vispec_unroll_steps)
     elif method == "vispec":
         per_slot = regression + 0.1 * (ce + 0.1 * rank_loss(logits, target_logits, config.rank_top_k))
     else:
