@@ -88,7 +88,7 @@ def drafting_matches_training(models, drafter, seeds: list[int]) -> tuple[int, i
                                 {IMAGE_MASK: passed.image_mask[:, :-1]})
         hidden = drafter.teacher_forced(ids, batch["attention_mask"], prefill)[0].last_hidden_state
         predicted = drafter.lm_head(hidden).argmax(-1)[0]  # slot t predicts token t + 2
-        position = prompt + 1  # token `prompt` comes from the prefill; the first draft proposes the next one
+        position = prompt  # the first round drafts from the last prompt token
         while position < prompt + new:
             accepted = bool(predicted[position - 2] == ids[0, position])
             simulated += accepted

@@ -227,7 +227,8 @@ class EagleDrafter(CountsForwards):
         rows = torch.arange(roots.shape[0], device=roots.device)
         out = self.runner.extend(self.pending_valid, positions=self.pending_positions, **self.pending_inputs)
         self.count_forwards()
-        last = self.pending_valid.sum(1) - 1
+        # the last valid slot: the prompt's pending slots have holes (left padding, dropped image slots)
+        last = _last_true(self.pending_valid)  # [B]
         root_hidden = out.last_hidden_state[rows, last]  # [B, H]
         root_position = self.pending_positions[rows, last]  # [B] real position (may exceed the cache length)
         self.next_position = root_position + 1
@@ -261,3 +262,8 @@ class EagleDrafter(CountsForwards):
         self.next_position = self.next_position[rows]
         self._set_pending({k: v[rows] for k, v in self.pending_inputs.items()}, self.pending_valid[rows],
                           self.pending_positions[rows])
+
+
+def _last_true(mask: Tensor) -> Tensor:
+    """[B, P] bool with a True in every row -> [B] index of each row's last True."""
+    return mask.shape[1] - 1 - mask.flip(1).long().argmax(1)

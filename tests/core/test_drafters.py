@@ -170,3 +170,32 @@ def test_eagle_training_raises_acceptance_and_resumes(tmp_path):
     assert sum(more[-10:]) / 10 < 0.7 * sum(first[:5]) / 5
     after = acceptance()
     assert after > before + 0.5, f"mean accepted {before:.2f} -> {after:.2f}"
+
+
+def test_eagle_drafts_of_a_left_padded_row_equal_its_drafts_alone():
+    """Every round's draft tree of a padded row equals the row's own when it runs unpadded, the first round's
+    too (its pending prompt slots start with padding, so the root is the last valid slot, not the count's)."""
+    target = tiny_model("llama")
+    torch.manual_seed(3)
+    drafter = EagleDrafter.for_target(target)
+    ids, mask = left_padded_batch([9, 4, 6], seed=2)
+    spec = specmm.TreeSpec.dynamic(depth=2, top_k=2, total_tokens=4)
+
+    def trees(input_ids, attention_mask):
+        recorded = []
+        original = drafter.draft
+        drafter.draft = lambda *args: recorded.append(original(*args)) or recorded[-1]
+        try:
+            specmm.SpeculativeGenerator(target, drafter, tree=spec).generate(
+                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, pad_token_id=0)
+        finally:
+            del drafter.draft
+        return recorded
+
+    batched = trees(ids, mask)
+    for row in range(ids.shape[0]):
+        alone = trees(ids[row][mask[row].bool()][None], torch.ones(1, int(mask[row].sum()), dtype=torch.long))
+        rounds = min(len(alone), len(batched))
+        assert rounds >= 2
+        for r in range(rounds):
+            assert torch.equal(batched[r].tokens[row], alone[r].tokens[0]), (row, r)

@@ -14,7 +14,7 @@ import specmm
 from specmm.core.eagle import EagleHead, head_config_for
 from specmm.core.target import PrefillOutput
 from specmm.vlm import METHODS, VisionDrafter
-from specmm.vlm.drafter import IMAGE_MASK
+from specmm.vlm.drafter import IMAGE_ATTENTION, IMAGE_MASK
 from tests.conftest import report_acceptance
 from tests.vlm.test_targets import FAMILIES, MAX_NEW, PAD, setup, tiny_llava
 
@@ -131,3 +131,51 @@ def test_drafters_that_do_not_fit_the_target_are_refused(tmp_path):
     flash = drafter_for(model, "flash")
     with pytest.raises(ValueError, match="depth 6"):
         specmm.SpeculativeGenerator(model, flash, tree=specmm.TreeSpec.chain(6))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_draft_is_the_teacher_forced_prediction_training_sees(method):
+    """Drafting feeds the head what the training pass feeds it: with chains of one, each round's draft is the
+    argmax of `teacher_forced` (the pass `train_drafter` optimises) at that token's slot, over the same tokens.
+    DREAM's image-token choice is given the prefill's attention scores (training scores the whole sequence)."""
+    from specmm.vlm.train import run_target
+
+    model, inputs, _, _ = setup("llava")
+    drafter = drafter_for(model, method, seed=5)
+    with torch.no_grad():  # off the initial values (gates, img_fc), so every module's input matters
+        for p in drafter.head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    drafts, scores = [], []
+    original_draft, original_start = drafter.draft, drafter.start
+    drafter.draft = lambda *args: drafts.append(original_draft(*args)) or drafts[-1]
+    drafter.start = lambda ids, mask, prefill: scores.append(prefill.extras.get(IMAGE_ATTENTION)) or \
+        original_start(ids, mask, prefill)
+    generator = specmm.SpeculativeGenerator(model, drafter, tree=specmm.TreeSpec.chain(1))
+    checked = 0
+    for row in range(inputs["input_ids"].shape[0]):
+        keep = inputs["attention_mask"][row].bool()
+        ids = inputs["input_ids"][row][keep][None]
+        drafts.clear(), scores.clear()
+        with torch.no_grad():
+            out = generator.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     pixel_values=inputs["pixel_values"][row: row + 1], max_new_tokens=MAX_NEW,
+                                     pad_token_id=PAD)
+            sequence = out.sequences[:, : ids.shape[1] + out.stats.new_tokens_per_row[0]]
+            batch = {"input_ids": sequence, "attention_mask": torch.ones_like(sequence),
+                     "pixel_values": inputs["pixel_values"][row: row + 1]}
+            passed = run_target(model, batch)
+            extras = {IMAGE_MASK: passed.image_mask[:, :-1]}
+            if scores[-1] is not None:  # [1, L-1] prompt slots; the new tokens' slots are text
+                new_slots = scores[-1].new_zeros(1, sequence.shape[1] - ids.shape[1])
+                extras[IMAGE_ATTENTION] = torch.cat([scores[-1], new_slots], 1)
+            prefill = PrefillOutput(passed.features[:, :-1], passed.inputs_embeds[:, :-1], extras)
+            hidden = drafter.teacher_forced(sequence, batch["attention_mask"], prefill)[0].last_hidden_state
+            predicted = drafter.lm_head(hidden).argmax(-1)[0]  # slot t predicts token t + 2
+        position = ids.shape[1]  # the first round drafts from the last prompt token
+        for tree in drafts:
+            if position >= sequence.shape[1]:
+                break
+            assert tree.tokens[0, 1] == predicted[position - 2], (row, position)
+            position += 2 if tree.tokens[0, 1] == sequence[0, position] else 1
+            checked += 1
+    assert checked >= 3 * (MAX_NEW // 2)  # every round of every row was compared
