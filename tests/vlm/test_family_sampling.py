@@ -19,7 +19,7 @@ VOCAB, IMAGE = 8, 7
 SAMPLES, CHUNK = 4_000, 2_000
 SAMPLING = specmm.SamplingConfig(temperature=0.8, top_k=3)
 TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")
-DRAFTER_SEEDS = {"qwen3_vl": 3, "internvl": 3}  # untrained heads whose proposals the target accepts now and then
+DRAFTER_SEEDS = {"idefics3": 3, "llava_onevision": 5, "qwen3_vl": 5}  # untrained heads the target accepts now and then
 
 
 def _prompt(image_tokens: int) -> torch.Tensor:
