@@ -10,12 +10,14 @@ This is the reference path (and the CPU one); compiled mode `torch.compile`s the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+UNDERFLOW_SHARE = 0.75  # decays below exp(0.75 ln tiny) count as 0: 3.5e-29 in float32 (see `decay`)
 MIXER_CLASSES = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer", "FalconH1Mixer",
                  "GraniteMoeHybridMambaLayer")
 
@@ -73,7 +75,8 @@ def chain_tree(valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 class TreeRecord:
     """What one mixer's verify pass leaves for the commit (all in the scan dtype)."""
 
-    windows: Tensor  # [B, n, K, C] raw (pre-conv) xBC window of each node
+    sources: Tensor  # [B, K+n, C] raw (pre-conv) xBC of the committed conv state, then of each node
+    conv_index: Tensor  # [B, n, K] each node's conv window: indices into `sources`
     dt: Tensor  # [B, H, n] step sizes after softplus and clamp
     x: Tensor  # [B, H, n, P]
     B: Tensor  # [B, H, n, N] (groups repeated to heads)
@@ -81,6 +84,24 @@ class TreeRecord:
     ancestors: Tensor  # [B, n, n]
     ssm_state: Tensor  # [B, H, P, N] the committed state the pass started from
     A: Tensor  # [H]
+
+    def conv_state(self, node: Tensor) -> Tensor:
+        """[B, C, K] the raw conv window of node[b] in row b: the conv state after it."""
+        rows = torch.arange(node.shape[0], device=node.device)
+        return self.sources[rows[:, None], self.conv_index[rows, node]].transpose(1, 2)
+
+
+def decay(log_weight: Tensor, mask: Tensor | None = None) -> Tensor:
+    """exp(log_weight) where `mask` holds (0 elsewhere), and 0 where it would be below exp(UNDERFLOW_SHARE * ln tiny).
+
+    On the CPU an exp whose result underflows takes a scalar slow path (about 60x), and the subnormal numbers it
+    returns slow every product they enter (about 40x); a decay under 1e-28 (float32) is far below the resolution of
+    any sum it joins, so it is 0 here."""
+    floor = UNDERFLOW_SHARE * math.log(torch.finfo(log_weight.dtype).tiny)
+    keep = log_weight > floor
+    if mask is not None:
+        keep = keep & mask
+    return torch.where(keep, log_weight.clamp_min(floor).exp(), 0.0)
 
 
 def is_mamba2_mixer(module: nn.Module) -> bool:
@@ -126,9 +147,12 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     gate, xbc, dt_raw = project_inputs(mixer, hidden).split([inner, channels, heads], dim=-1)
     # depthwise conv over each node's window: its ancestors, then the committed history
     sources = torch.cat([conv_state.transpose(1, 2).to(xbc.dtype), xbc], dim=1)  # [B, K+n, C]
-    flat = layout.conv_index.reshape(batch, n * kernel, 1).expand(batch, n * kernel, channels)
-    windows = sources.gather(1, flat).view(batch, n, kernel, channels)  # [B, n, K, C]
-    conv = (windows * mixer.conv1d.weight[:, 0, :].T).sum(2)  # [B, n, C]; weight [C, K] -> [K, C]
+    rows = torch.arange(batch, device=hidden.device)[:, None]
+    weight = mixer.conv1d.weight[:, 0, :].T  # [C, K] -> [K, C]
+    # one tap at a time: the [B, n, K, C] windows would be a large temporary (and fresh pages) per layer
+    conv = sources[rows, layout.conv_index[..., 0]] * weight[0]  # [B, n, C]
+    for tap in range(1, kernel):
+        conv = conv + sources[rows, layout.conv_index[..., tap]] * weight[tap]
     if mixer.conv1d.bias is not None:
         conv = conv + mixer.conv1d.bias
     x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
@@ -144,14 +168,14 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
 
     mask = layout.ancestors  # [B, n, n]
     log_decay = (mask.to(acc)[:, None] @ (dt * A[:, None])[..., None])[..., 0]  # [B, H, n] = T (dt A) per head
-    segment = (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~mask[:, None], -torch.inf)
-    scores = (c @ b.transpose(-1, -2)) * segment.exp() * dt[..., None, :]  # [B, H, n, n]
-    y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * log_decay.exp()[..., None]  # [B, H, n, P]
+    segment = decay(log_decay[..., :, None] - log_decay[..., None, :], mask[:, None])  # [B, H, n, n]
+    scores = (c @ b.transpose(-1, -2)) * segment * dt[..., None, :]  # [B, H, n, n]
+    y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * decay(log_decay)[..., None]  # [B, H, n, P]
     y = y + mixer.D.to(acc)[:, None, None] * x
 
     y = gated_output(mixer, y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
     out = mixer.out_proj(y.to(hidden.dtype))
-    record = TreeRecord(windows=windows, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
+    record = TreeRecord(sources=sources, conv_index=layout.conv_index, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
                         ssm_state=ssm_state, A=A)
     return out, record
 
@@ -163,12 +187,12 @@ def commit_state(record: TreeRecord, node: Tensor) -> tuple[Tensor, Tensor]:
     """
     batch = node.shape[0]
     rows = torch.arange(batch, device=node.device)
-    conv_state = record.windows[rows, node].transpose(1, 2)  # [B, C, K]
+    conv_state = record.conv_state(node)  # [B, C, K]
     on_path = record.ancestors[rows, node]  # [B, n]
     last = record.log_decay.gather(2, node[:, None, None].expand(-1, record.log_decay.shape[1], 1))  # [B, H, 1]
-    weights = (last - record.log_decay).masked_fill(~on_path[:, None, :], -torch.inf).exp() * record.dt  # [B, H, n]
+    weights = decay(last - record.log_decay, on_path[:, None, :]) * record.dt  # [B, H, n]
     update = (record.x * weights[..., None]).transpose(-1, -2) @ record.B  # [B, H, P, N]
-    ssm_state = last[..., None].exp() * record.ssm_state.to(weights.dtype) + update
+    ssm_state = decay(last)[..., None] * record.ssm_state.to(weights.dtype) + update
     return conv_state, ssm_state
 
 
@@ -184,4 +208,4 @@ def replay_state(record: TreeRecord, path: Tensor, counts: Tensor) -> tuple[Tens
         advanced = (dt * record.A).exp()[..., None, None] * state + dt[..., None, None] * x[..., None] * b[:, :, None]
         state = torch.where(active, advanced, state)
     last = path.gather(1, (counts - 1)[:, None])[:, 0]
-    return record.windows[rows, last].transpose(1, 2), state
+    return record.conv_state(last), state

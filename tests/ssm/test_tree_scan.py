@@ -17,6 +17,7 @@ from specmm.core.tree import ancestor_mask
 from specmm.ssm.tree_scan import (
     TreeLayout,
     commit_state,
+    decay,
     replay_state,
     step_sizes,
     tree_mixer_forward,
@@ -124,3 +125,40 @@ def test_ragged_chain_skips_left_padding():
     assert layout.depth.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
     assert layout.conv_index[0, 4].tolist() == [3, 6, 7, 8]  # one history entry, then the three prompt tokens
     assert not layout.ancestors[0, 4, :2].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decay_is_exp_where_kept_and_zero_below_the_floor_or_masked(dtype):
+    floor = 0.75 * torch.log(torch.tensor(torch.finfo(dtype).tiny, dtype=torch.float64)).item()
+    log_weight = torch.tensor([0.0, -1.5, floor + 1.0, floor - 1.0, -1e4, 50.0, 3.0], dtype=dtype)
+    mask = torch.tensor([True, True, True, True, True, False, True])
+    out = decay(log_weight, mask)
+    expected = torch.where(torch.tensor([True, True, True, False, False, False, True]), log_weight.exp(), 0.0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert torch.isfinite(out).all()  # a masked entry whose exp overflows is 0, not nan
+    assert (out[out != 0].abs() >= torch.finfo(dtype).tiny).all()  # no subnormal results
+
+
+def test_strong_decay_in_float32_matches_the_float64_recurrence():
+    """Large step sizes drive exp(L_i - L_s) below float32's normal range along long paths: the floored decays
+    (0 instead of subnormals) still give the recurrence's outputs and states to float32 precision."""
+    model = tiny_ssm("mamba2")
+    mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
+    with torch.no_grad():
+        mixer.dt_bias.fill_(30.0)  # dt ~ 30: decays exp(-30 A) per step underflow after a few steps
+    parents = torch.tensor([list(range(-1, NODES - 1))])  # a chain
+    depth = torch.tensor([list(range(NODES))])
+    layout = TreeLayout.build(parents, depth, ancestor_mask(parents, depth, NODES - 1),
+                              torch.ones_like(parents, dtype=torch.bool), KERNEL)
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(1, NODES, model.config.hidden_size, generator=gen, dtype=torch.float64)
+    conv_state = torch.randn(1, mixer.conv_dim, KERNEL, generator=gen, dtype=torch.float64)
+    ssm_state = torch.randn(1, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, generator=gen,
+                            dtype=torch.float64)
+    with torch.no_grad():
+        ref_out, _, ref_ssm = recurrent_reference(mixer, hidden[0], conv_state[0], ssm_state[0])
+        out, record = tree_mixer_forward(mixer.float(), hidden.float(), layout, conv_state.float(), ssm_state.float())
+        assert (record.log_decay[0, :, -1] < 0.75 * torch.log(torch.tensor(torch.finfo(torch.float32).tiny))).all()
+        _, ssm = commit_state(record, torch.tensor([NODES - 1]))
+    torch.testing.assert_close(out[0].double(), ref_out.double(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ssm[0].double(), ref_ssm, rtol=1e-4, atol=1e-4)
