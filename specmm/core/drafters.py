@@ -183,8 +183,9 @@ class ModelDrafter(CountsForwards, RunnerOwner):
     @torch.no_grad()
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         self.close()
-        self.runner = ModelRunner(self.model, input_ids.shape[0],
-                                  capture=final_norm(self.model) if self.features else None, static=self.static_plan)
+        capture = final_norm(self.model) if self.features else None
+        self.runner = ModelRunner(self.model, input_ids.shape[0], capture=capture, static=self.static_plan,
+                                  row_slots=self.row_slots)
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
             self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)

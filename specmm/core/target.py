@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
+from specmm.core.slot_cache import SlotRowCache
 from specmm.core.compiled import StaticPlan, compiled_forward
 from specmm.core.limits import check_position_scheme, position_limit
 from specmm.core.static_cache import StaticRowCache
@@ -98,15 +99,15 @@ class ModelRunner:
     """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
 
     def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None,
-                 static: StaticPlan | None = None):
+                 static: StaticPlan | None = None, row_slots: bool = False):
         self.model = model
         self.cache_keyword = cache_keyword(model)
         self.backend = attention_backend(model)
         self.layout, self.window = mask_layout(model)
         self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
         self.compiled = None
-        if static is None:
-            self.cache = RowCache(batch, model_device(model))
+        if static is None:  # row_slots: sub-batches are views of one set of buffers (`SlotRowCache`)
+            self.cache = (SlotRowCache if row_slots else RowCache)(batch, model_device(model))
         else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
             # a model whose layers outnumber its config's (a drafter head with extra cached layers) says so
             layers = getattr(model, "num_cache_layers", None) or model.config.get_text_config().num_hidden_layers
@@ -282,6 +283,8 @@ class RunnerOwner:
     """
 
     runner: ModelRunner | None
+    row_slots: bool = False  # a caller that runs many sub-batches sets this before `start`: `take_rows` then
+    # returns views of this adapter's buffers and `put_rows` copies nothing back (`specmm.core.slot_cache`)
 
     def open_chain(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
         """Run known tokens [B, P] as open round slots continuing each row's chain (valid [B, P] bool, see
@@ -334,7 +337,8 @@ class HFCausalLMTarget(RunnerOwner):
         if FEATURES in needs and capture is None:
             raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
         self.needs = frozenset(needs)
-        self.runner = ModelRunner(self.model, batch, capture=capture, static=self.static_plan)
+        self.runner = ModelRunner(self.model, batch, capture=capture, static=self.static_plan,
+                                  row_slots=self.row_slots)
 
     def close(self) -> None:
         if self.runner is not None:

@@ -1,12 +1,12 @@
 """Exact token-level speculation inside a step the target regenerates (SpecReason+Decode).
 
-The rows that regenerate are copied out of the core adapters into a sub-batch (`take_rows`) and the core's
-public round writes their step: `SpeculativeGenerator.step` with a chain of k drafts and the exact rule, so
-every token is distributed exactly as the target's own sampling. The step delimiter, EOS and the budget
-decide where each row's step ends (`StepEnd`). A row whose step has ended forgets what its last round
-committed past the end and is written back (`put_rows`): rows never run with masks, and each row's draws
-come from its own generator whatever the other rows do. Behaviour log-probs are the target's processed
-probabilities of each new token, read from the round's verify logits.
+The rows that regenerate are taken out of the core adapters as a sub-batch (`take_rows`: a view of their
+per-row buffers) and the core's public round writes their step: `SpeculativeGenerator.step` with a chain of k
+drafts and the exact rule, so every token is distributed exactly as the target's own sampling. The step
+delimiter, EOS and the budget decide where each row's step ends (`StepEnd`). A row whose step has ended forgets
+what its last round committed past the end and is taken back (`put_rows`): rows never run with masks, and each
+row's draws come from its own generator whatever the other rows do. Behaviour log-probs are the target's
+processed probabilities of each new token, read from the round's verify logits.
 
 Both caches end as after `ModelState.generate_step` + commit: each holds the context and step[:-1], with
 the step's last token as the pending tail.

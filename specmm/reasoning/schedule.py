@@ -8,8 +8,9 @@ in one forward; one core round over the rows speculating inside a regenerated st
 `refill`, waiting prompts take their slots, so the batch stays full (continuous batching).
 
 Caches stay with the core adapters (`ModelDrafter`, `HFCausalLMTarget`), one row per slot, each row's tokens
-left-aligned (no realigning). A pass runs its rows in place when they are most of the batch (the others as
-single-token padding that is never kept), else on a copy of them (`take_rows`, then `put_rows`). Every pass
+left-aligned (no realigning), in per-row buffers (`row_slots`, `specmm.core.slot_cache`). A pass runs its rows in
+place when they are most of the batch (the others as single-token padding that is never kept), else on a view of
+them (`take_rows`, then `put_rows`: the view writes into the batch's buffers, nothing is copied back). Every pass
 closes its round: draft tokens are committed as they run, and a rejected draft step is rewound
 (`ModelState.drop_last`). A row meets the same forwards and draws from its own generators as under lockstep,
 so its tokens, decisions, sources and log-probs are the same.
@@ -79,7 +80,7 @@ class Row:
 
 class _Pass:
     """One forward of a model over some of its rows: in place (the other rows as padding, never kept) when
-    they are most of the batch, else on a copy of them that `close` writes back."""
+    they are most of the batch, else on a view of them whose lengths `close` takes back."""
 
     def __init__(self, home: ModelState, slots: list[int]):
         device = home.device
@@ -154,7 +155,7 @@ class _View:
                             sampling: SamplingConfig = ORACLE_SAMPLING) -> list[list[list[int]]]:
         run = self.run
         home = run.states["target"]
-        part = home.take_rows(self.slots)  # a copy: nothing sampled here is kept
+        part = home.take_rows(self.slots)  # a view: each sample's round keeps none of its slots
         everyone = torch.ones(len(self.rows), dtype=torch.bool, device=run.device)
         samples = [[] for _ in self.rows]
         try:

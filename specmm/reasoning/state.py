@@ -78,7 +78,9 @@ class ModelState:
 
     @classmethod
     def start(cls, owner: Owner, input_ids: Tensor, attention_mask: Tensor) -> ModelState:
-        """Prefill the owner with left-padded prompts [B, L] minus their last token, which becomes pending."""
+        """Prefill the owner with left-padded prompts [B, L] minus their last token, which becomes pending.
+        The owner keeps per-row buffers (`row_slots`): sub-batches (`take_rows`) are views, not copies."""
+        owner.row_slots = True
         if isinstance(owner, ModelDrafter):
             owner.start(input_ids, attention_mask, PrefillOutput())
         else:
@@ -159,12 +161,12 @@ class ModelState:
         self.pending, self.pending_count = self.pending[rows], self.pending_count[rows]
 
     def take_rows(self, rows: Tensor) -> ModelState:
-        """A view of a copy of `rows` [b] (the owner's `take_rows`), to run those rows alone."""
+        """A view of `rows` [b] (the owner's `take_rows`: a view of its buffers), to run those rows alone."""
         return ModelState(self.owner.take_rows(rows), self.pending[rows], self.pending_count[rows],
                           origin=self.origin[rows], row_forwards=self.row_forwards)
 
     def put_rows(self, rows: Tensor, part: ModelState) -> None:
-        """Write `part` (from `take_rows`, run since) back over `rows` [b]; forward counts stay with each view."""
+        """Take `part` (from `take_rows`, run since) back over `rows` [b]; forward counts stay with each view."""
         self.owner.put_rows(rows, part.owner)
         width = max(self.pending.shape[1], part.pending.shape[1])
         self.pending = torch.nn.functional.pad(self.pending, (0, width - self.pending.shape[1]))

@@ -1,4 +1,5 @@
-"""After any sequence of accepts and rejects, each row's cache equals a fresh prefill of its accepted tokens."""
+"""After any sequence of accepts and rejects, each row's cache equals a fresh prefill of its accepted tokens: for the
+`RowCache` over HF's DynamicCache and for the `SlotRowCache` (row_slots), whose sub-batches are views."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ def fresh_logits(model, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0, -1]
 
 
+@pytest.mark.parametrize("row_slots", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "phi3"])
-def test_cache_equals_fresh_prefill_after_random_accepts_and_rejects(arch):
+def test_cache_equals_fresh_prefill_after_random_accepts_and_rejects(arch, row_slots):
     model = tiny_model(arch, dtype=torch.float32)
     target = HFCausalLMTarget(model)
+    target.row_slots = row_slots
     ids, mask = left_padded_batch([4, 9, 1, 6], seed=5)  # row 2: a one-token prompt, nothing to prefill
     gen = torch.Generator().manual_seed(0)
     target.start(ids.shape[0])
@@ -93,11 +96,13 @@ def chain_block(rows: list[list[int]], gen: torch.Generator) -> tuple[torch.Tens
     return ids, valid
 
 
-def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill():
+@pytest.mark.parametrize("row_slots", [False, True])
+def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill(row_slots):
     """open_chain/keep_chain keep a prefix of ragged blocks, rewind forgets committed tokens, and a sub-batch
     taken out, run and put back leaves every row as a fresh prefill of its tokens."""
     model = tiny_model("mistral", dtype=torch.float32)  # sliding window: masks across chains and moves
     target = HFCausalLMTarget(model)
+    target.row_slots = row_slots
     ids, mask = left_padded_batch([5, 1, 8, 3], seed=2)
     gen = torch.Generator().manual_seed(1)
     target.start(ids.shape[0])
@@ -128,6 +133,53 @@ def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill():
     part.rewind(torch.tensor([0, 2]))
     history[0] = history[0][:-2]
     target.put_rows(part_rows, part)
+    roots = torch.randint(1, VOCAB, (4,), generator=gen)
+    tree = DraftTree(tokens=roots[:, None], parents=torch.full((4, 1), -1), depth=torch.zeros(4, 1, dtype=torch.long),
+                     valid=torch.ones(4, 1, dtype=torch.bool), max_depth=0, max_children=1)
+    logits = target.verify(tree).logits[:, 0]
+    for b in range(4):
+        assert (logits[b] - fresh_logits(model, history[b] + [roots[b].item()])).abs().max() < 1e-5
+    assert target.runner.cache.lengths.tolist() == [len(h) for h in history]
+
+
+def test_slot_views_share_the_buffers_and_rows_copied_in_from_another_cache_read_as_a_fresh_prefill():
+    """row_slots: `take_rows` is a view (its writes land in the batch's buffers, `put_rows` copies no states), a
+    view of a view addresses the right rows, and rows written over from a separately prefilled adapter (a
+    refill) continue as fresh prefills of their new prompts."""
+    from specmm.core.slot_cache import SlotRowCache
+
+    model = tiny_model("llama", dtype=torch.float32)
+    target = HFCausalLMTarget(model)
+    target.row_slots = True
+    ids, mask = left_padded_batch([4, 7, 2, 5], seed=3)
+    gen = torch.Generator().manual_seed(4)
+    target.start(4)
+    target.prefill(ids, mask)
+    history = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    home = target.runner.cache
+    assert isinstance(home, SlotRowCache)
+
+    part = target.take_rows(torch.tensor([3, 1, 2]))
+    inner = part.take_rows(torch.tensor([2, 0]))  # rows 2 and 3 of the batch
+    assert inner.runner.cache.stores is home.stores
+    block, valid = chain_block([3, 1], gen)
+    inner.open_chain(block, valid)
+    inner.keep_chain(torch.tensor([2, 1]))
+    history[2] += block[0, :2].tolist()
+    history[3] += block[1, :1].tolist()
+    stored = [store.keys.clone() for store in home.stores]
+    part.put_rows(torch.tensor([2, 0]), inner)
+    target.put_rows(torch.tensor([3, 1, 2]), part)
+    assert all(torch.equal(a, b.keys) for a, b in zip(stored, home.stores)), "put_rows of a view copies no states"
+
+    joining = HFCausalLMTarget(model)
+    joining.row_slots = True
+    new_ids, new_mask = left_padded_batch([6], seed=9)
+    joining.start(1)
+    joining.prefill(new_ids, new_mask)
+    target.put_rows(torch.tensor([1]), joining)
+    history[1] = new_ids[0][new_mask[0].bool()].tolist()
+
     roots = torch.randint(1, VOCAB, (4,), generator=gen)
     tree = DraftTree(tokens=roots[:, None], parents=torch.full((4, 1), -1), depth=torch.zeros(4, 1, dtype=torch.long),
                      valid=torch.ones(4, 1, dtype=torch.bool), max_depth=0, max_children=1)
