@@ -8,12 +8,11 @@ in one forward; one core round over the rows speculating inside a regenerated st
 `refill`, waiting prompts take their slots, so the batch stays full (continuous batching).
 
 Caches stay with the core adapters (`ModelDrafter`, `HFCausalLMTarget`), one row per slot, each row's tokens
-left-aligned (no realigning), in per-row buffers (`row_slots`, `specmm.core.slot_cache`). A pass runs its rows in
-place when they are most of the batch (the others as single-token padding that is never kept), else on a view of
-them (`take_rows`, then `put_rows`: the view writes into the batch's buffers, nothing is copied back). Every pass
-closes its round: draft tokens are committed as they run, and a rejected draft step is rewound
-(`ModelState.drop_last`). A row meets the same forwards and draws from its own generators as under lockstep,
-so its tokens, decisions, sources and log-probs are the same.
+left-aligned (no realigning), in per-row buffers (`row_slots`, `specmm.core.slot_cache`). A pass over every row
+runs in place; a pass over some rows runs on a view of them (`take_rows`, then `put_rows`: the view writes into
+the batch's buffers, nothing is copied back). Every pass closes its round: draft tokens are committed as they
+run, and a rejected draft step is rewound (`ModelState.drop_last`). A row meets the same forwards and draws from
+its own generators as under lockstep, so its tokens, decisions, sources and log-probs are the same.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ from specmm.reasoning.rollout import DRAFT, TARGET, RowRecords
 from specmm.reasoning.state import ModelState, StepDraw, left_pad, pack
 from specmm.reasoning.steps import StepEnd
 
-IN_PLACE_SHARE = 0.5  # a pass runs in place, the other rows as padding, when its rows are this share of the batch
+IN_PLACE_SHARE = 1.0  # a pass runs in place when it has every row; a subset runs on a view (costs no copy), not
+# padded to the batch (on a 2-core CPU, Arbitrage at batch 64: 4.4-4.6 s per 128 problems, against 4.75 s at 0.5)
 DRAFTING, JUDGING, REGENERATING, SPECULATING, DONE = "drafting", "judging", "regenerating", "speculating", "done"
 
 
@@ -79,8 +79,8 @@ class Row:
 
 
 class _Pass:
-    """One forward of a model over some of its rows: in place (the other rows as padding, never kept) when
-    they are most of the batch, else on a view of them whose lengths `close` takes back."""
+    """One forward of a model over some of its rows: in place when they are the whole batch, else on a view of
+    them whose lengths `close` takes back."""
 
     def __init__(self, home: ModelState, slots: list[int]):
         device = home.device
