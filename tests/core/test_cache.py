@@ -96,6 +96,19 @@ def chain_block(rows: list[list[int]], gen: torch.Generator) -> tuple[torch.Tens
     return ids, valid
 
 
+def assert_rows_read_as_fresh_prefills(model, target, history: list[list[int]], gen: torch.Generator) -> None:
+    """One random root per row, verified: each row's logits equal a fresh prefill of its history and the root."""
+    batch = len(history)
+    roots = torch.randint(1, VOCAB, (batch,), generator=gen)
+    tree = DraftTree(tokens=roots[:, None], parents=torch.full((batch, 1), -1),
+                     depth=torch.zeros(batch, 1, dtype=torch.long), valid=torch.ones(batch, 1, dtype=torch.bool),
+                     max_depth=0, max_children=1)
+    logits = target.verify(tree).logits[:, 0]
+    for b in range(batch):
+        assert (logits[b] - fresh_logits(model, history[b] + [roots[b].item()])).abs().max() < 1e-5
+    assert target.runner.cache.lengths.tolist() == [len(h) for h in history]
+
+
 @pytest.mark.parametrize("row_slots", [False, True])
 def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill(row_slots):
     """open_chain/keep_chain keep a prefix of ragged blocks, rewind forgets committed tokens, and a sub-batch
@@ -133,13 +146,7 @@ def test_chains_rewinds_and_row_moves_keep_every_row_equal_to_a_fresh_prefill(ro
     part.rewind(torch.tensor([0, 2]))
     history[0] = history[0][:-2]
     target.put_rows(part_rows, part)
-    roots = torch.randint(1, VOCAB, (4,), generator=gen)
-    tree = DraftTree(tokens=roots[:, None], parents=torch.full((4, 1), -1), depth=torch.zeros(4, 1, dtype=torch.long),
-                     valid=torch.ones(4, 1, dtype=torch.bool), max_depth=0, max_children=1)
-    logits = target.verify(tree).logits[:, 0]
-    for b in range(4):
-        assert (logits[b] - fresh_logits(model, history[b] + [roots[b].item()])).abs().max() < 1e-5
-    assert target.runner.cache.lengths.tolist() == [len(h) for h in history]
+    assert_rows_read_as_fresh_prefills(model, target, history, gen)
 
 
 def test_slot_views_share_the_buffers_and_rows_copied_in_from_another_cache_read_as_a_fresh_prefill():
@@ -180,10 +187,4 @@ def test_slot_views_share_the_buffers_and_rows_copied_in_from_another_cache_read
     target.put_rows(torch.tensor([1]), joining)
     history[1] = new_ids[0][new_mask[0].bool()].tolist()
 
-    roots = torch.randint(1, VOCAB, (4,), generator=gen)
-    tree = DraftTree(tokens=roots[:, None], parents=torch.full((4, 1), -1), depth=torch.zeros(4, 1, dtype=torch.long),
-                     valid=torch.ones(4, 1, dtype=torch.bool), max_depth=0, max_children=1)
-    logits = target.verify(tree).logits[:, 0]
-    for b in range(4):
-        assert (logits[b] - fresh_logits(model, history[b] + [roots[b].item()])).abs().max() < 1e-5
-    assert target.runner.cache.lengths.tolist() == [len(h) for h in history]
+    assert_rows_read_as_fresh_prefills(model, target, history, gen)
