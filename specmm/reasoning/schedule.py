@@ -365,11 +365,18 @@ class RowScheduler:
             return self._write(rows, drawn, logprobs, entropy, hidden)
 
     def _target_pass(self) -> None:
-        """One target forward for the rows being judged (pending tail, draft step, judge suffix) and the rows
-        regenerating (one token each)."""
-        rows = [r for r in self.slots if r.phase in (JUDGING, REGENERATING)]
-        if not rows:
-            return
+        """The target's forwards of an iteration: one for the rows being judged (pending tail, draft step, judge
+        suffix), one for the rows regenerating (one token each). Apart, so a regenerating row is not padded to
+        the width of a judged step."""
+        judged = [r for r in self.slots if r.phase == JUDGING]
+        writing = [r for r in self.slots if r.phase == REGENERATING]
+        for rows in (judged, writing):
+            if rows:
+                self._target_forward(rows)
+
+    def _target_forward(self, rows: list[Row]) -> None:
+        """One target forward for `rows`: each judged row's step and judge suffix, or one token of a
+        regenerating row."""
         judged = [i for i, r in enumerate(rows) if r.phase == JUDGING]
         writing = [i for i, r in enumerate(rows) if r.phase == REGENERATING]
         with self.timer("target"):
