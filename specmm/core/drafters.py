@@ -229,7 +229,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
         self.pending, self.pending_valid = tokens, valid
 
     def take_rows(self, rows: Tensor) -> ModelDrafter:
-        """A drafter over a copy of `rows` [b]: their cache and pending tokens (see `RunnerOwner.take_rows`)."""
+        """A drafter over `rows` [b]: their cache (see `RunnerOwner.take_rows`) and a copy of their pending tokens."""
         part = super().take_rows(rows)
         part.pending, part.pending_valid = self.pending[rows], self.pending_valid[rows]
         part.draft_forwards = 0

@@ -61,15 +61,11 @@ class SlotLayer(CacheLayerMixin):
         end = self.length + key_states.shape[2]
         store = self.store
         store.reserve(end, key_states, value_states)
-        if self.rows is None:
-            store.keys[:, :, self.length:end] = key_states
-            store.values[:, :, self.length:end] = value_states
-            self.length = end
-            return store.keys[:, :, :end], store.values[:, :, :end]
-        store.keys[self.rows, :, self.length:end] = key_states
-        store.values[self.rows, :, self.length:end] = value_states
+        rows = slice(None) if self.rows is None else self.rows
+        store.keys[rows, :, self.length:end] = key_states
+        store.values[rows, :, self.length:end] = value_states
         self.length = end
-        return store.keys[:, :, :end].index_select(0, self.rows), store.values[:, :, :end].index_select(0, self.rows)
+        return self.states()
 
     def states(self) -> tuple[Tensor, Tensor]:
         """This view's keys and values [b, H, length, Dh] (a copy for a subset of rows)."""
@@ -102,9 +98,7 @@ class _SlotCache(Cache):
         self.owner = owner
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
-        while len(self.layers) <= layer_idx:
-            self.layers.append(self.owner.new_layer(len(self.layers)))
-        return self.layers[layer_idx].update(key_states, value_states)
+        return self.owner.layer(layer_idx).update(key_states, value_states)
 
 
 class SlotRowCache(RowCache):
@@ -122,11 +116,15 @@ class SlotRowCache(RowCache):
         self._round_positions: list[Tensor] = []
         self._round_attend: Tensor | None = None
 
-    def new_layer(self, index: int) -> SlotLayer:
-        """The view of layer `index` (its store made now when this cache's batch is the first to reach it)."""
+    def layer(self, index: int) -> SlotLayer:
+        """This cache's view of attention layer `index`, made (with its store, when no cache of these buffers has
+        reached that layer yet) on first use."""
         while len(self.stores) <= index:
             self.stores.append(SlotStore(self.store_batch))
-        return SlotLayer(self.stores[index], self.rows, self._length)
+        layers = self.cache.layers
+        while len(layers) <= index:
+            layers.append(SlotLayer(self.stores[len(layers)], self.rows, self._length))
+        return layers[index]
 
     @property
     def physical_length(self) -> int:
@@ -168,13 +166,9 @@ class SlotRowCache(RowCache):
             keys, values = layer.states() if isinstance(layer, SlotLayer) else (layer.keys, layer.values)
             if keys is None or keys.numel() == 0:
                 continue
-            while len(self.stores) <= index:
-                self.stores.append(SlotStore(self.store_batch))
-            store, width = self.stores[index], keys.shape[2]
+            store, width = self.layer(index).store, keys.shape[2]
             store.reserve(width, keys, values)
             store.keys[in_store, :, :width], store.values[in_store, :, :width] = keys, values
-            if index >= len(self.cache.layers):
-                self.cache.layers.append(SlotLayer(store, self.rows, self._length))
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` of the batch (between rounds): only the row indices change, the buffers stay."""

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
-from specmm.core.slot_cache import SlotRowCache
 from specmm.core.compiled import StaticPlan, compiled_forward
 from specmm.core.limits import check_position_scheme, position_limit
+from specmm.core.slot_cache import SlotRowCache
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.tree import DraftTree
 
@@ -208,7 +208,8 @@ class ModelRunner:
         self.chain_valid = self.chain_valid[:, :0]
 
     def take_rows(self, rows: Tensor) -> ModelRunner:
-        """A runner over the same model (capturing as this one does) on a copy of `rows` [b] of the cache."""
+        """A runner over the same model (capturing as this one does) on `rows` [b] of the cache: a copy, or a view
+        of the same buffers when the cache is a `SlotRowCache`."""
         part = ModelRunner(self.model, 0, capture=self.capture)
         part.cache = self.cache.take_rows(rows)
         return part
@@ -301,9 +302,9 @@ class RunnerOwner:
         self.runner.cache.rewind(counts)
 
     def take_rows(self, rows: Tensor) -> Self:
-        """An adapter of the same kind over a copy of `rows` [b] of the cache (this one is left as it is), to
-        run rounds on those rows alone; `put_rows` writes them back. Adapters with per-row state beyond the
-        cache extend this."""
+        """An adapter of the same kind over `rows` [b] of the cache (a copy, or a view with `row_slots`; this
+        one is left as it is), to run rounds on those rows alone; `put_rows` takes them back. Adapters with
+        per-row state beyond the cache extend this."""
         part = copy.copy(self)
         part.runner = self.runner.take_rows(rows)
         return part

@@ -175,8 +175,8 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
 
     y = gated_output(mixer, y.transpose(1, 2).reshape(batch, n, inner).to(hidden.dtype), gate)
     out = mixer.out_proj(y.to(hidden.dtype))
-    record = TreeRecord(sources=sources, conv_index=layout.conv_index, dt=dt, x=x, B=b, log_decay=log_decay, ancestors=mask,
-                        ssm_state=ssm_state, A=A)
+    record = TreeRecord(sources=sources, conv_index=layout.conv_index, dt=dt, x=x, B=b, log_decay=log_decay,
+                        ancestors=mask, ssm_state=ssm_state, A=A)
     return out, record
 
 
