@@ -17,17 +17,9 @@ import time
 import torch
 
 import specmm
-from specmm import zoo
-from specmm.bench.vlm import heldout_seeds, scene_batch
-from specmm.vlm import VisionDrafter
-from specmm.zoo import captioner
+from vlm_compile_history_probe import METHODS, load_zoo  # benchmarks/ is the script's folder
 
-METHODS = ("eagle", "msd", "vispec", "dream", "flash")
-torch.set_num_threads(2)
-models = captioner.load(zoo.build("captioner", "cpu"), device=torch.device("cpu"), dtype=torch.float32)
-folder = zoo.build("captioner-drafters", "cpu")
-drafters = {m: VisionDrafter.from_pretrained(folder / m, models.target) for m in METHODS}
-prompts = [scene_batch(models, [seed]) for seed in heldout_seeds("cpu")[:8]]
+models, drafters, prompts = load_zoo()
 tok = models.processor.tokenizer
 chain, tree = specmm.TreeSpec.chain(4), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6)
 
