@@ -94,7 +94,7 @@ class RowCache:
                     dst = target[:, None, :, None].expand(batch, heads, m, dim)
                     states.scatter_(2, dst, states.gather(2, src))
         self.lengths = self.lengths + counts
-        self._truncate(int(self.lengths.max()) if batch else 0)
+        self._fit()
 
     def rollback(self) -> None:
         """Drop every round slot."""
@@ -103,7 +103,7 @@ class RowCache:
     def rewind(self, counts: Tensor) -> None:
         """Forget the last counts[b] committed tokens of row b (no round may be open). counts: [B]."""
         self.lengths = self.lengths - counts
-        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
+        self._fit()
 
     def take_rows(self, rows: Tensor) -> RowCache:
         """A new RowCache holding a copy of `rows` [b] (in that order); this one is left as it is.
@@ -116,7 +116,7 @@ class RowCache:
             if getattr(layer, "keys", None) is not None:
                 part.cache.update(layer.keys[rows], layer.values[rows], index)
         part.lengths = self.lengths[rows]
-        part._truncate(int(part.lengths.max()) if rows.numel() else 0)
+        part._fit()
         return part
 
     def put_rows(self, rows: Tensor, part: RowCache) -> None:
@@ -138,7 +138,7 @@ class RowCache:
             own.values[rows, :, :width] = layer.values
         self.lengths = self.lengths.clone()
         self.lengths[rows] = part.lengths
-        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
+        self._fit()
 
     def select_rows(self, rows: Tensor) -> None:
         """Keep only `rows` of the batch (between rounds)."""
@@ -147,7 +147,11 @@ class RowCache:
             if getattr(layer, "keys", None) is not None and layer.keys.shape[-2] == 0:
                 layer.keys, layer.values = layer.keys[rows], layer.values[rows]
         self.lengths = self.lengths[rows]
-        self._truncate(int(self.lengths.max()) if rows.numel() else 0)
+        self._fit()
+
+    def _fit(self) -> None:
+        """Read as many slots per row as the longest committed row holds (0 for no rows); closes any round."""
+        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
 
     def _truncate(self, length: int) -> None:
         excess = self.physical_length - length

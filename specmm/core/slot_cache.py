@@ -133,21 +133,21 @@ class SlotRowCache(RowCache):
     def commit(self, slots: Tensor, counts: Tensor) -> None:
         """Keep round slots `slots[b, :counts[b]]` for row b, moved to the end of its committed region."""
         slots = slots[:, : self.round_length]
-        batch, m = slots.shape
+        m = slots.shape[1]
         if m:
             source = self.committed_length + slots  # [B, m]
             target = self.lengths[:, None] + torch.arange(m, device=slots.device)  # [B, m]
             for layer in self.cache.layers:
                 layer.move(source, target)
         self.lengths = self.lengths + counts
-        self._truncate(int(self.lengths.max()) if batch else 0)
+        self._fit()
 
     def take_rows(self, rows: Tensor) -> SlotRowCache:
         """A view of `rows` [b]: the same buffers (nothing copied), those rows' lengths. No round may be open."""
         in_store = rows if self.rows is None else self.rows[rows]
         part = SlotRowCache(rows.shape[0], self.lengths.device, self.stores, in_store, self.store_batch)
         part.lengths = self.lengths[rows]
-        part._truncate(int(part.lengths.max()) if rows.numel() else 0)
+        part._fit()
         return part
 
     def put_rows(self, rows: Tensor, part: RowCache) -> None:
@@ -157,7 +157,7 @@ class SlotRowCache(RowCache):
             self._copy_in(rows, part)
         self.lengths = self.lengths.clone()
         self.lengths[rows] = part.lengths
-        self._truncate(int(self.lengths.max()) if self.lengths.numel() else 0)
+        self._fit()
 
     def _copy_in(self, rows: Tensor, part: RowCache) -> None:
         """Write the committed slots of another cache's rows over `rows` [b] of these buffers."""
@@ -177,7 +177,7 @@ class SlotRowCache(RowCache):
         for layer in self.cache.layers:
             layer.rows = self.rows
         self.lengths = self.lengths[rows]
-        self._truncate(int(self.lengths.max()) if rows.numel() else 0)
+        self._fit()
 
     def _truncate(self, length: int) -> None:
         self._length = length
