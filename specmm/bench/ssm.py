@@ -3,7 +3,9 @@
 Per target (the zoo's Mamba2 and Bamba hybrid), side by side in one process on the same left-padded prompts:
 HF `generate` (greedy, batched, the model's own cached decode step) as the AR baseline; chain speculative decoding
 whose SSM states roll back by replaying the accepted inputs (the vanilla method); STree, i.e. tree verification
-with closed-form state commits, on a static and a dynamic tree. The drafter is the `code` entry's small Llama.
+with closed-form state commits, on a static and a dynamic tree. The drafter is the `code` entry's small Llama, as
+trained on the corpus ("code draft") and/or distilled onto each target (zoo `ssm-code-drafts`, "distilled draft");
+with both, every speculative row runs once per draft, each labelled.
 
 With "compiled" in `setup.modes` every speculative row also runs in the core's compiled mode (the SSM target's
 verify and state commit compiled per tree shape, a static KV cache for hybrids' attention, the draft compiled), and
@@ -32,6 +34,7 @@ STATIC_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (
 SMALL_STATIC_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # 6 nodes, depth 3: on CPU verify cost grows with nodes
 # Draft shapes per device (as in `specmm bench core`): on CPU every extra node and draft step costs visibly.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DRAFTS = ("code", "distilled")
 DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top_k": 2, "total_tokens": 8},
                    "cuda": {"k": 4, "static": STATIC_TREE, "depth": 5, "top_k": 4, "total_tokens": 16}}
 
@@ -48,14 +51,18 @@ class SSMBenchSetup(FastPathSetup):
     warmup: int = 1
 
 
-def ssm_methods(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                setup: SSMBenchSetup) -> list[Method]:
+def ssm_methods(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_ids: Tensor,
+                attention_mask: Tensor, setup: SSMBenchSetup) -> list[Method]:
+    """The rows of one target: AR baselines, then per mode and per draft (`{label: model}`, or one model) the chain
+    and STree rows; with several drafts each row's name ends in `[label draft]`."""
     width, pad, new = input_ids.shape[1], setup.pad_token_id, setup.max_new_tokens
+    drafts = draft if isinstance(draft, dict) else {"": draft}
 
     def autoregressive(static: bool):
         return lambda: plain_decoding(target, input_ids, attention_mask, static, new, pad, None, min_new_tokens=new)
 
-    def speculative(name: str, commit_mode: str, tree: specmm.TreeSpec, mode: str, note: str = "") -> Method:
+    def speculative(name: str, commit_mode: str, tree: specmm.TreeSpec, mode: str, draft: nn.Module,
+                    note: str = "") -> Method:
         def make(compile: bool, profile: bool):
             return specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit_mode), ModelDrafter(draft),
                                                tree=tree, compile=compile, profile=profile)
@@ -75,20 +82,24 @@ def ssm_methods(target: nn.Module, draft: nn.Module, input_ids: Tensor, attentio
                               note="HF's own compiled decoding: static cache, decode step compiled, prefill eager"))
     chain = specmm.TreeSpec.chain(setup.k)
     for mode in setup.modes:
-        methods += [
-            speculative(f"chain SD k={setup.k}, replay rollback", "replay", chain, mode,
-                        note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state forward"),
-            speculative(f"chain SD k={setup.k}, closed-form commit", "closed_form", chain, mode),
-            speculative(f"STree {_describe(setup.static)}", "closed_form", setup.static, mode),
-            speculative(f"STree {_describe(setup.dynamic)}", "closed_form", setup.dynamic, mode),
-        ]
+        for label, model in drafts.items():
+            tag = f" [{label} draft]" if len(drafts) > 1 else ""
+            methods += [
+                speculative(f"chain SD k={setup.k}, replay rollback{tag}", "replay", chain, mode, model,
+                            note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state "
+                            "forward"),
+                speculative(f"chain SD k={setup.k}, closed-form commit{tag}", "closed_form", chain, mode, model),
+                speculative(f"STree {_describe(setup.static)}{tag}", "closed_form", setup.static, mode, model),
+                speculative(f"STree {_describe(setup.dynamic)}{tag}", "closed_form", setup.dynamic, mode, model),
+            ]
     return methods
 
 
-def bench_ssm(target: nn.Module, draft: nn.Module, input_ids: Tensor, attention_mask: Tensor,
+def bench_ssm(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_ids: Tensor, attention_mask: Tensor,
               setup: SSMBenchSetup, *, name: str, command: str, models: dict, notes: list[str],
               progress: bool = True) -> tuple[BenchReport, dict[str, RunResult]]:
-    """Run the SSM methods side by side on one target; returns the report and every method's outputs."""
+    """Run the SSM methods side by side on one target (one draft, or `{label: draft}`); returns the report and
+    every method's outputs."""
     device = next(target.parameters()).device
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
@@ -107,6 +118,9 @@ def add_parser(bench_subparsers, positive_int) -> None:
     p = bench_subparsers.add_parser("ssm", help="SSM / hybrid targets: AR vs chain SD with replay vs STree trees")
     p.add_argument("--scale", default="cpu", help="zoo scale of ssm-code (and of the code draft)")
     p.add_argument("--targets", nargs="+", default=["mamba2", "hybrid"], choices=["mamba2", "hybrid"])
+    p.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=list(DRAFTS),
+                   help="code: the code entry's draft as trained; distilled: that draft distilled onto each target "
+                   "(zoo ssm-code-drafts, built if needed); both (default): every speculative row once per draft")
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
@@ -143,7 +157,8 @@ def run_command(args, command: str) -> int:
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
     dtype = DTYPES[args.dtype]
-    draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device, dtype=dtype).draft
+    code_draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device, dtype=dtype).draft
+    drafts_dir = zoo.build("ssm-code-drafts", args.scale) if "distilled" in args.drafts else None
     dynamic = specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
                           dynamic=dynamic, repeats=args.repeats, warmup=args.warmup,
@@ -153,12 +168,22 @@ def run_command(args, command: str) -> int:
         batch = tokenizer(prompts[: args.batch_size], return_tensors="pt", padding=True).to(device)
         setup.pad_token_id = tokenizer.pad_token_id
         info = record["models"][role]
+        drafts, described = {}, {}
+        if "code" in args.drafts:
+            drafts["code"] = code_draft
+            described["code draft"] = (f"zoo code-{record['recipe']['code_scale']} draft (Llama, "
+                                       f"{sum(p.numel() for p in code_draft.parameters()) / 1e6:.2f}M params), greedy "
+                                       f"agreement with this target {info['greedy_agreement_with_code_draft']:.2f}")
+        if drafts_dir is not None:
+            drafts["distilled"] = ssm_code.load_draft(drafts_dir, role, device=device, dtype=dtype)
+            distilled = zoo.record("ssm-code-drafts", args.scale)["drafts"][role]
+            described["distilled draft"] = (f"zoo ssm-code-drafts-{args.scale}/{role}: the code draft distilled onto "
+                                            f"this target ({distilled['steps']} steps, forward KL), greedy agreement "
+                                            f"{distilled['greedy_agreement']:.2f}, held-out KL "
+                                            f"{distilled['heldout_kl_before']:.3f} -> {distilled['heldout_kl']:.3f}")
         models = {"target": f"zoo ssm-code-{args.scale}/{role}: {info['class']}, {info['parameters'] / 1e6:.2f}M "
                             f"params, held-out loss {info['heldout_loss']:.2f}",
-                  "draft": f"zoo code-{record['recipe']['code_scale']} draft (Llama, "
-                           f"{sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M params), greedy agreement "
-                           f"with this target {info['greedy_agreement_with_code_draft']:.2f}",
-                  "dtype": args.dtype, "torch threads": torch.get_num_threads()}
+                  **described, "dtype": args.dtype, "torch threads": torch.get_num_threads()}
         notes = [("AR is HF's own greedy `generate`; every speculative row runs specmm's tree mixer (pure torch, "
                  "no Triton kernel) and must reproduce AR's tokens ('outputs match' compares them)."),
                  ("chain SD with replay rollback is the vanilla baseline (Snakes & Ladders-style activation replay); "
@@ -169,7 +194,7 @@ def run_command(args, command: str) -> int:
                          "graph per tree shape and batch width, prefills eager; the draft compiles through the core. "
                          "The compiled AR row is HF `generate` with `cache_implementation='static'` and its decode "
                          "step compiled by HF itself (transformers 5.x gives these models static caches).")
-        report, _ = bench_ssm(target, draft, batch["input_ids"], batch["attention_mask"], setup,
+        report, _ = bench_ssm(target, drafts, batch["input_ids"], batch["attention_mask"], setup,
                               name=f"specmm bench ssm ({role})", command=command, models=models, notes=notes)
         print(f"\n{report.name}\n{report.table()}")
         json_path, md_path = report.write(args.out, f"{args.name or f'ssm-{args.scale}-{device.type}'}-{role}")

@@ -1,5 +1,5 @@
 """The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning|suite`, `caption`,
-`train-drafter`, `sample-images`, `sample-continuous`, `reason`.
+`train-drafter`, `distill-draft`, `sample-images`, `sample-continuous`, `reason`.
 
 The CLI sits on top of the library: one submodule per command group (`zoo`, `bench`, `vlm`, `images`,
 `continuous`, `reason`) registers its subcommands, and modality packages never import it.
@@ -19,7 +19,7 @@ import sys
 import traceback
 
 import specmm
-from specmm.cli import bench, continuous, demo, images, reason, suite, vlm, zoo
+from specmm.cli import bench, continuous, demo, distill, images, reason, suite, vlm, zoo
 
 
 def _add_verbose_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_parser(sub)
     bench_sub = bench.add_parser(sub)
     vlm.add_parsers(sub)  # train-drafter, caption
+    distill.add_parser(sub)  # distill-draft
     images.add_parser(sub)  # sample-images
     continuous.add_parser(sub)  # sample-continuous
     reason.add_parsers(sub, bench_sub)  # `reason`, `bench reasoning`

@@ -62,6 +62,8 @@ register(ZooEntry("captioner-vispec", "the ViSpec drafter alone, a lighter capti
                                           checkpoint_every=40)), captioner_drafters.build))
 register(ZooEntry("ssm-code", "Mamba2 and Bamba-hybrid targets on the code corpus, drafted by the code draft",
                   ssm_code.RECIPES, ssm_code.build))
+register(ZooEntry("ssm-code-drafts", "the code draft distilled onto each ssm-code target (forward KL, code corpus)",
+                  ssm_code.DRAFT_RECIPES, ssm_code.build_drafts))
 register(ZooEntry("imagegen", "class-conditional LlamaGen (VQ + GPT) on 10 procedural image classes, + image drafter "
                   "and timm classifier", imagegen.RECIPES, imagegen.build))
 register(ZooEntry("chainarith", "ChainArith reasoning: Llama target with a trained self-judge, weaker draft, "

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from specmm.core.draft_distill import text_windows
 from specmm.jobs import atomic_writer
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,10 @@ IGNORE = -100  # label of positions that carry no loss
 def token_windows(tokens: Tensor, config: LMTrainConfig) -> Callable[[int], dict[str, Tensor]]:
     """Batches of [B, seq_len] windows of a flat token array at offsets seeded by (seed, step)."""
 
+    windows = text_windows(tokens, config.batch_size, config.seq_len, config.seed)
+
     def make_batch(step: int) -> dict[str, Tensor]:
-        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        starts = torch.randint(0, tokens.numel() - config.seq_len - 1, (config.batch_size,), generator=gen)
-        window = torch.stack([tokens[s: s + config.seq_len] for s in starts.tolist()]).long()
+        window = windows(step)
         return {"input_ids": window, "labels": window}
 
     return make_batch

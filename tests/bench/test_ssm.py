@@ -60,3 +60,20 @@ def test_bench_ssm_compiled_rows_report_both_ar_baselines_and_compile_time_apart
     assert all(r["speedup_vs_best_ar"] == pytest.approx(r["speedup"] / best["speedup"]) for r in rows.values())
     assert "speedup vs best AR" in md_path.read_text()
     assert "_compiled_call" not in target.__dict__  # HF's compiled decode step is not left on the model
+
+
+def test_bench_ssm_runs_each_speculative_row_once_per_draft_and_labels_them():
+    target = tiny_ssm("mamba2", dtype=torch.float64)
+    drafts = {"code": aligned_drafter_model(target), "distilled": aligned_drafter_model(target, residual_scale=16.0)}
+    ids, mask = left_padded_batch([5, 3], vocab=target.config.vocab_size, seed=1)
+    setup = SSMBenchSetup(max_new_tokens=5, k=2, dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=2, total_tokens=4),
+                          repeats=1, warmup=0, profile=False)
+    report, _ = bench_ssm(target, drafts, ids, mask, setup, name="t", command="specmm bench ssm", models={}, notes=[],
+                          progress=False)
+    names = [r.method for r in report.rows]
+    assert names[0].startswith("AR") and len(names) == 9
+    assert [n.endswith("[code draft]") for n in names[1:]] == [True] * 4 + [False] * 4
+    assert all(n.endswith("[distilled draft]") for n in names[5:])
+    assert all(r.matched for r in report.rows), report.table()
+    assert [n.removesuffix(" [code draft]") for n in names[1:5]] == [n.removesuffix(" [distilled draft]")
+                                                                       for n in names[5:]]

@@ -10,7 +10,7 @@ import pytest
 
 from specmm.cli import build_parser
 
-COMMANDS = {"demo", "zoo", "bench", "train-drafter", "caption", "sample-images", "sample-continuous", "reason"}
+COMMANDS = {"demo", "zoo", "bench", "train-drafter", "distill-draft", "caption", "sample-images", "sample-continuous", "reason"}
 BENCHES = {"core", "vlm", "ssm", "image_ar", "cspd", "dlm", "reasoning", "suite"}
 
 
