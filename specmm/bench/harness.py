@@ -26,6 +26,22 @@ from specmm.core.stats import GenerationStats
 logger = logging.getLogger(__name__)
 
 
+def distinct_ngram_share(rows: list[list[int]], n: int = 4) -> float:
+    """Mean over rows of distinct n-grams / n-grams in the row's new tokens: near 0 for output that loops (every
+    draft of a loop is easy), 1 for output that never repeats an n-gram. Rows shorter than n are skipped."""
+    shares = [len(set(zip(*(row[i:] for i in range(n))))) / (len(row) - n + 1) for row in rows if len(row) >= n]
+    return sum(shares) / len(shares) if shares else 1.0
+
+
+def repetition_note(share: float, n: int = 4) -> str | None:
+    """A warning for reports whose reference output repeats itself (distinct n-gram share below one half)."""
+    if share >= 0.5:
+        return None
+    return (f"The target's own output repeats itself (distinct {n}-gram share {share:.2f}): loops are easy to draft, "
+            "so speculation (prompt lookup most) gains more here than on varied text; `--no-repeat-ngram-size` "
+            "(a generation_config setting every row honours) measures without loops.")
+
+
 @dataclass
 class RunResult:
     rows: list[list[int]]  # new tokens of every row, padding stripped
@@ -130,4 +146,5 @@ def _describe_error(error: Exception) -> str:
     return f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
 
 
-__all__ = ["BenchReport", "BenchRow", "Method", "RunResult", "compare_with_best_ar", "round_ms", "run_benchmark"]
+__all__ = ["BenchReport", "BenchRow", "Method", "RunResult", "compare_with_best_ar", "distinct_ngram_share",
+           "repetition_note", "round_ms", "run_benchmark"]

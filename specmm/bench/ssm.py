@@ -24,7 +24,14 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import (
+    BenchReport,
+    Method,
+    RunResult,
+    distinct_ngram_share,
+    repetition_note,
+    run_benchmark,
+)
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
 from specmm.ssm import SSMTarget
@@ -104,9 +111,12 @@ def bench_ssm(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress)
+    share = distinct_ngram_share(next(iter(outputs.values())).rows)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
-            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **models}
+            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
+            "target output: distinct 4-gram share": round(share, 3), **models}
+    notes = notes + [n for n in (repetition_note(share),) if n]
     report = BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes, machine=machine_info(device))
     return report, outputs
 
@@ -122,6 +132,9 @@ def add_parser(bench_subparsers, positive_int) -> None:
                    help="code: the code entry's draft as trained; distilled: that draft distilled onto each target "
                    "(zoo ssm-code-drafts, built if needed); both (default): every speculative row once per draft")
     p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--no-repeat-ngram-size", type=positive_int,
+                   help="set on the target's generation_config (HF generate and every specmm row honour it): "
+                   "greedy output without repeated n-grams, i.e. without loops")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
     p.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
@@ -165,6 +178,8 @@ def run_command(args, command: str) -> int:
                           modes=("eager", "compiled") if args.compile else ("eager",))
     for role in args.targets:
         target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device, dtype=dtype)
+        if args.no_repeat_ngram_size:
+            target.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
         batch = tokenizer(prompts[: args.batch_size], return_tensors="pt", padding=True).to(device)
         setup.pad_token_id = tokenizer.pad_token_id
         info = record["models"][role]
@@ -183,7 +198,8 @@ def run_command(args, command: str) -> int:
                                             f"{distilled['heldout_kl_before']:.3f} -> {distilled['heldout_kl']:.3f}")
         models = {"target": f"zoo ssm-code-{args.scale}/{role}: {info['class']}, {info['parameters'] / 1e6:.2f}M "
                             f"params, held-out loss {info['heldout_loss']:.2f}",
-                  **described, "dtype": args.dtype, "torch threads": torch.get_num_threads()}
+                  **described, "dtype": args.dtype, "torch threads": torch.get_num_threads(),
+                  "no_repeat_ngram_size": args.no_repeat_ngram_size or 0}
         notes = [("AR is HF's own greedy `generate`; every speculative row runs specmm's tree mixer (pure torch, "
                  "no Triton kernel) and must reproduce AR's tokens ('outputs match' compares them)."),
                  ("chain SD with replay rollback is the vanilla baseline (Snakes & Ladders-style activation replay); "

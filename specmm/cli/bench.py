@@ -67,6 +67,9 @@ def _bench_core(args, device, name) -> int:
             data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
     else:
         data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)
+    if args.no_repeat_ngram_size:  # HF generate (every baseline) and specmm's rows read it from the model
+        data.target.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
+        data.description["no_repeat_ngram_size"] = args.no_repeat_ngram_size
     setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, lookup_k=args.lookup_k, tree=dynamic_tree(args),
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
                            warmup=args.warmup, modes=modes(args))
@@ -214,6 +217,9 @@ def add_parser(sub):
     core.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     core.add_argument("--batch-size", type=positive_int, default=4)
     core.add_argument("--max-new-tokens", type=positive_int, default=128)
+    core.add_argument("--no-repeat-ngram-size", type=positive_int,
+                      help="set on the target's generation_config (HF generate and every specmm row honour it): "
+                      "greedy output without repeated n-grams, i.e. without loops")
     core.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
     core.add_argument("--lookup-k", type=positive_int, default=8,
                       help="prompt lookup's draft length (default 8: copied drafts cost no forwards)")

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from specmm.bench.core import CoreBenchSetup, bench_core
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import (
+    BenchReport,
+    Method,
+    RunResult,
+    distinct_ngram_share,
+    repetition_note,
+    run_benchmark,
+)
 from specmm.cli import main
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 
@@ -76,3 +83,30 @@ def test_a_failing_method_becomes_a_failed_row_but_the_reference_must_run():
     assert "FAILED (the method raised" in report.markdown()
     with pytest.raises(RuntimeError, match="index out of bounds"):
         run_benchmark([Method("base", broken)], torch.device("cpu"), repeats=1, warmup=0, progress=False)
+
+
+
+@pytest.mark.parametrize("rows, share", [
+    ([[1, 2, 3, 4, 5, 6]], 1.0),  # 3 distinct 4-grams of 3
+    ([[7, 8, 7, 8, 7, 8, 7, 8]], 2 / 5),  # a loop: 2 distinct of 5
+    ([[1, 2, 3, 4], [5, 5, 5, 5, 5]], (1.0 + 0.5) / 2),  # mean over rows
+    ([[1, 2]], 1.0),  # nothing to judge
+])
+def test_distinct_ngram_share_table(rows, share):
+    assert distinct_ngram_share(rows) == pytest.approx(share)
+
+
+def test_repetition_note_only_for_output_that_loops():
+    assert repetition_note(0.5) is None
+    assert "0.02" in repetition_note(0.02) and "--no-repeat-ngram-size" in repetition_note(0.02)
+
+
+def test_bench_core_no_repeat_ngram_size_reaches_every_row(tmp_path, capsys):
+    """`--no-repeat-ngram-size` is the target's generation_config: HF generate and the specmm rows (which must still
+    match it) decode without a repeated n-gram, and the report says so."""
+    assert main(["bench", "core", "--random", "--device", "cpu", "--batch-size", "2", "--max-new-tokens", "24",
+                 "--repeats", "1", "--warmup", "1", "--no-repeat-ngram-size", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert report["setup"]["no_repeat_ngram_size"] == 2
+    assert report["setup"]["target output: distinct 4-gram share"] == 1.0
+    assert all(row["matched"] for row in report["rows"] if row["matched"] is not None)
