@@ -16,14 +16,7 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.fast_path import (FastPathSetup, compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
                                     hf_static_compile_kwargs)
-from specmm.bench.harness import (
-    BenchReport,
-    Method,
-    RunResult,
-    distinct_ngram_share,
-    repetition_note,
-    run_benchmark,
-)
+from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
 from specmm.drafters import ModelDrafter, PromptLookupDrafter
 from specmm.machine import machine_info
 
@@ -156,12 +149,11 @@ def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, at
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(core_methods(target, draft, input_ids, attention_mask, setup), device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress)
-    share = distinct_ngram_share(next(iter(outputs.values())).rows)
+    repetition, warnings = output_repetition(outputs)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "eos_token_id": setup.eos_token_id,
             "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
-            "target output: distinct 4-gram share": round(share, 3), **models}
-    notes = notes + [n for n in (repetition_note(share),) if n]
-    report = BenchReport(name="specmm bench core", command=command, rows=rows, setup=info, notes=notes,
+            **repetition, **models}
+    report = BenchReport(name="specmm bench core", command=command, rows=rows, setup=info, notes=notes + warnings,
                          machine=machine_info(device))
     return report, outputs

@@ -42,6 +42,12 @@ def repetition_note(share: float, n: int = 4) -> str | None:
             "(a generation_config setting every row honours) measures without loops.")
 
 
+def output_repetition(outputs: dict) -> tuple[dict, list[str]]:
+    """(setup entry, warning notes) for a report from its reference method's (the first) output."""
+    share = distinct_ngram_share(next(iter(outputs.values())).rows)
+    return {"target output: distinct 4-gram share": round(share, 3)}, [n for n in (repetition_note(share),) if n]
+
+
 @dataclass
 class RunResult:
     rows: list[list[int]]  # new tokens of every row, padding stripped
@@ -147,4 +153,4 @@ def _describe_error(error: Exception) -> str:
 
 
 __all__ = ["BenchReport", "BenchRow", "Method", "RunResult", "compare_with_best_ar", "distinct_ngram_share",
-           "repetition_note", "round_ms", "run_benchmark"]
+           "output_repetition", "repetition_note", "round_ms", "run_benchmark"]

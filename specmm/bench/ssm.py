@@ -24,14 +24,7 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
-from specmm.bench.harness import (
-    BenchReport,
-    Method,
-    RunResult,
-    distinct_ngram_share,
-    repetition_note,
-    run_benchmark,
-)
+from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
 from specmm.ssm import SSMTarget
@@ -111,13 +104,13 @@ def bench_ssm(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress)
-    share = distinct_ngram_share(next(iter(outputs.values())).rows)
+    repetition, warnings = output_repetition(outputs)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
             "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
-            "target output: distinct 4-gram share": round(share, 3), **models}
-    notes = notes + [n for n in (repetition_note(share),) if n]
-    report = BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes, machine=machine_info(device))
+            **repetition, **models}
+    report = BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes + warnings,
+                         machine=machine_info(device))
     return report, outputs
 
 

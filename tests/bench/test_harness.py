@@ -8,14 +8,8 @@ import pytest
 import torch
 
 from specmm.bench.core import CoreBenchSetup, bench_core
-from specmm.bench.harness import (
-    BenchReport,
-    Method,
-    RunResult,
-    distinct_ngram_share,
-    repetition_note,
-    run_benchmark,
-)
+from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import distinct_ngram_share, repetition_note
 from specmm.cli import main
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 
