@@ -149,15 +149,19 @@ def loading(argument: str, path, what: str = "model") -> Iterator[None]:
                          "the file is complete (re-download or re-save it) and matches its config") from err
 
 
-def read_text_lines(argument: str, path: str) -> list[str]:
-    """The non-blank lines of a UTF-8 text file; errors name the argument, the file and the byte offset."""
+def read_text(argument: str, path: str) -> str:
+    """A UTF-8 text file's contents; errors name the argument, the file and the byte offset."""
     file = input_file(argument, path)
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{argument}: {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it, e.g. "
                          f"`iconv -t UTF-8 {shlex.quote(str(path))}`") from None
-    return [line for line in text.splitlines() if line.strip()]
+
+
+def read_text_lines(argument: str, path: str) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (see `read_text`)."""
+    return [line for line in read_text(argument, path).splitlines() if line.strip()]
 
 
 def default_device() -> str:

@@ -14,6 +14,7 @@ from specmm.cli.common import (
     model_folder,
     nonnegative_int,
     positive_int,
+    read_text,
 )
 
 OWNED = ("config.json", "generation_config.json", "model.safetensors", "trainer_state.pt", "tokenizer*",
@@ -24,11 +25,7 @@ def read_token_stream(paths, tokenizer) -> torch.Tensor:
     """The files' texts tokenized and joined by the tokenizer's EOS (when it has one) into one flat stream."""
     parts = []
     for path in paths:
-        try:
-            text = input_file("--text", path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"--text: {path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(read_text("--text", path), add_special_tokens=False)["input_ids"]
         parts.append(torch.tensor(ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []),
                                   dtype=torch.long))
     return torch.cat(parts)
@@ -38,7 +35,7 @@ def cmd_distill_draft(args) -> int:
     """Distil --target into --draft on windows of --text; the folder --out is a job (rerun to resume)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specmm.core.draft_distill import DistillConfig, distill_draft, distillation_loss, text_windows
+    from specmm.core.draft_distill import DistillConfig, distill_draft, heldout_comparison, text_windows
     from specmm.jobs import Job, atomic_write_json, fingerprint
 
     model_folder("--target", args.target)
@@ -66,14 +63,10 @@ def cmd_distill_draft(args) -> int:
         with loading("--draft", args.draft):
             draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device)
 
-        @torch.no_grad()
         def heldout_figures() -> dict[str, float] | None:
             if heldout_batch is None:
                 return None
-            ids = heldout_batch.to(args.device)
-            kl, top1 = distillation_loss(draft(input_ids=ids).logits, target(input_ids=ids).logits,
-                                         torch.ones_like(ids), config.temperature)
-            return {"kl": kl.item(), "top1_agreement": top1.item()}
+            return heldout_comparison(draft, target, heldout_batch.to(args.device), config.temperature)
 
         before = heldout_figures()
         distill_draft(draft, target, windows, config, checkpoint_dir=args.out)

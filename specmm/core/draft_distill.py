@@ -59,6 +59,16 @@ def distillation_loss(draft_logits: Tensor, target_logits: Tensor, attention_mas
     return loss, agree
 
 
+@torch.no_grad()
+def heldout_comparison(draft_model: nn.Module, target_model: nn.Module, input_ids: Tensor,
+                       temperature: float = 1.0) -> dict[str, float]:
+    """{"kl", "top1_agreement"} of the draft against the target on held-out windows input_ids [B, L] (no padding):
+    what distillation lowers and raises."""
+    kl, top1 = distillation_loss(draft_model(input_ids=input_ids).logits, target_model(input_ids=input_ids).logits,
+                                 torch.ones_like(input_ids), temperature)
+    return {"kl": kl.item(), "top1_agreement": top1.item()}
+
+
 def text_windows(tokens: Tensor, batch_size: int, seq_len: int, seed: int = 0) -> Callable[[int], Tensor]:
     """step -> [batch_size, seq_len] windows of a flat token stream at offsets drawn from (seed, step): a batch is a
     pure function of its step, so a resumed run sees exactly the batches an uninterrupted one would."""

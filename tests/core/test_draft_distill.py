@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specmm
-from specmm.core.draft_distill import DistillConfig, distill_draft, distillation_loss, text_windows
+from specmm.core.draft_distill import DistillConfig, distill_draft, distillation_loss, heldout_comparison, text_windows
 from specmm.drafters import ModelDrafter
 from tests.conftest import tiny_model
 
@@ -25,13 +25,6 @@ def _pair():
 
 def _stream(length: int = 4000, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
-
-
-@torch.no_grad()
-def _kl_and_agreement(draft, target, ids):
-    mask = torch.ones_like(ids)
-    loss, agree = distillation_loss(draft(input_ids=ids).logits, target(input_ids=ids).logits, mask)
-    return loss.item(), agree.item()
 
 
 def test_loss_table():
@@ -53,14 +46,14 @@ def test_loss_table():
 def test_distilling_moves_the_draft_towards_the_target():
     target, draft = _pair()
     heldout = text_windows(_stream(seed=9), 8, 24, seed=3)(0)
-    kl_before, agree_before = _kl_and_agreement(draft, target, heldout)
+    before = heldout_comparison(draft, target, heldout)
     tops = []
     distill_draft(draft, target, text_windows(_stream(), 16, 24), DistillConfig(steps=60, lr=1e-2, warmup_steps=5),
                   progress=False, on_step=lambda step, loss, parts: tops.append(parts["top1"]))
-    kl_after, agree_after = _kl_and_agreement(draft, target, heldout)
+    after = heldout_comparison(draft, target, heldout)
     assert len(tops) == 60
-    assert kl_after < 0.6 * kl_before
-    assert agree_after > agree_before + 0.15
+    assert after["kl"] < 0.6 * before["kl"]
+    assert after["top1_agreement"] > before["top1_agreement"] + 0.15
     assert not draft.training and not target.training
 
 
