@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from specmm.bench.compile_watch import CompileWatch
 from specmm.bench.report import PHASE_LABELS, BenchReport, BenchRow, compare_with_best_ar
+from specmm.core.compiled import reset_graphs
 from specmm.core.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
                         raise
                     failed[method.name] = _describe_error(error)
                     logger.warning("%s failed; reported as a failed row", method.name, exc_info=True)
+                    reset_graphs()  # so that the CUDA graphs of the rows after it still record and replay
                     continue
                 if round_ >= warmup:
                     timings[method.name].append(seconds)
@@ -120,6 +122,7 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
                     profiles[method.name] = method.profile().stats
                 except Exception:  # noqa: BLE001 (the split is left empty; the timed figures stand)
                     logger.warning("%s: the profiled run failed; no round split", method.name, exc_info=True)
+                    reset_graphs()
             bar.update(method.profile is not None)
     base_rate = None
     rows = []
@@ -148,7 +151,13 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
 
 
 def _describe_error(error: Exception) -> str:
+    """The error's type and last message line; where it has no message (a bare assert), where it was raised."""
     text = str(error).strip().splitlines()
+    if not text and error.__traceback__ is not None:
+        frame = error.__traceback__
+        while frame.tb_next is not None:
+            frame = frame.tb_next
+        text = [f"raised at {frame.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.tb_lineno}"]
     return f"{type(error).__name__}: {text[-1] if text else ''}"[:300]
 
 

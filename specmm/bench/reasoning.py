@@ -325,12 +325,16 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
 
 
 def bench_reasoning(models, setup: ReasoningBenchSetup, *, command: str, description: dict, device,
-                    progress: bool = True) -> tuple[list[BenchReport], dict[int, list[MethodResult]]]:
+                    progress: bool = True, on_batch=None) -> tuple[list[BenchReport], dict[int, list[MethodResult]]]:
+    """Every batch size's rows and report; `on_batch(reports, results)` after each batch size (the CLI writes the
+    report so far, so a run stopped part-way keeps its finished batch sizes)."""
     results, reports = {}, []
     with torch.no_grad():
         for batch in setup.batch_sizes:
             results[batch] = bench_batch_size(models, batch, setup, device, progress)
             reports.append(report_for(results[batch], batch, setup, command, description, device))
+            if on_batch is not None:
+                on_batch(reports, results)
     return reports, results
 
 
@@ -372,13 +376,18 @@ def plot(results: dict[int, list[MethodResult]], path: str | Path) -> Path:
     return path
 
 
-def write(reports: list[BenchReport], results, directory: str | Path, stem: str) -> tuple[Path, Path, Path]:
+def write(reports: list[BenchReport], results, directory: str | Path, stem: str,
+          pending: tuple[int, ...] = ()) -> tuple[Path, Path, Path]:
+    """The reports as Markdown, JSON and a plot, each replaced atomically; `pending`: batch sizes still to run (the
+    report says it is partial)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     png = plot(results, directory / f"{stem}.png")
     md = "\n\n".join(r.markdown() for r in reports) + f"\n\n![accuracy vs latency]({png.name})\n"
+    if pending:
+        md = f"**Partial report:** batch sizes {', '.join(map(str, pending))} have not run yet.\n\n" + md
     atomic_write_text(directory / f"{stem}.md", md)
-    data = {"reports": [asdict(r) for r in reports],
+    data = {"pending_batch_sizes": list(pending), "reports": [asdict(r) for r in reports],
             "results": {b: [{k: v for k, v in asdict(r).items() if k != "completions"} for r in rs]
                         for b, rs in results.items()}}
     atomic_write_text(directory / f"{stem}.json", json.dumps(data, indent=2))

@@ -281,11 +281,15 @@ def cmd_bench_reasoning(args) -> int:
                    "held-out (zoo.json)": json.dumps(record.get("heldout", {})),
                    "router (zoo.json)": json.dumps(record.get("router", {})),
                    "torch threads": torch.get_num_threads()}
-    reports, results = bench_reasoning(models, setup, command=command_line(), description=description, device=device)
-    for report in reports:
-        print(f"\n{report.name}\n{report.table()}")
-    paths = write(reports, results, args.out, args.name or f"reasoning-chainarith-{args.scale}-{device.type}")
-    print("wrote " + ", ".join(str(p) for p in paths))
+    stem = args.name or f"reasoning-chainarith-{args.scale}-{device.type}"
+
+    def write_so_far(reports, results):  # after each batch size: a run stopped part-way keeps what it finished
+        print(f"\n{reports[-1].name}\n{reports[-1].table()}", flush=True)
+        paths = write(reports, results, args.out, stem, pending=setup.batch_sizes[len(reports):])
+        print("wrote " + ", ".join(str(p) for p in paths), flush=True)
+
+    bench_reasoning(models, setup, command=command_line(), description=description, device=device,
+                    on_batch=write_so_far)
     return 0
 
 

@@ -9,6 +9,8 @@ on the host and reported apart, never inside a timed row.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import sys
@@ -34,6 +36,61 @@ class StaticPlan:
     reserve: int = 0  # slots kept free past every row for one round (tree, pending tokens): rows stop short of it
     compile: bool = True
     mode: str | None = None  # torch.compile mode: None on CPU, "reduce-overhead" (CUDA graphs) on CUDA
+
+
+GRAPHED = "reduce-overhead"
+"""The torch.compile mode that replays CUDA graphs (`StaticPlan.mode` on CUDA)."""
+
+
+def graph_mode(device: torch.device | str) -> str | None:
+    """The compile mode of compiled mode on `device`: CUDA graphs on CUDA, inductor's default elsewhere."""
+    return GRAPHED if torch.device(device).type == "cuda" else None
+
+
+def run_graphed(compiled, mode: str | None, *args, **kwargs):
+    """`compiled(*args, **kwargs)`; under CUDA graphs (`mode` "reduce-overhead") as a step of its own whose outputs are
+    copied out of the graph's memory pool.
+
+    CUDA-graph trees give a graph's outputs static buffers, overwritten by the next replay. specmm keeps outputs
+    across calls (a verify's logits through the draft steps, a round's state into the next round), which the trees
+    refuse ("accessing tensor output of CUDAGraphs that has been overwritten"); one copy per output tensor is the
+    price of holding them. Other modes call straight through.
+    """
+    if mode != GRAPHED:
+        return compiled(*args, **kwargs)
+    torch.compiler.cudagraph_mark_step_begin()
+    return owned_outputs(compiled(*args, **kwargs))
+
+
+def owned_outputs(value):
+    """`value` with every tensor it holds (in tuples, lists, dicts, model outputs, dataclasses) cloned; any other
+    object (a cache, whose buffers the graph updates in place) is kept as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):  # a ModelOutput too: its items are its fields
+        out = copy.copy(value)
+        for key in list(out.keys()):
+            out[key] = owned_outputs(out[key])
+        return out
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*map(owned_outputs, value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(map(owned_outputs, value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = copy.copy(value)
+        for field in dataclasses.fields(value):
+            object.__setattr__(out, field.name, owned_outputs(getattr(value, field.name)))
+        return out
+    return value
+
+
+def reset_graphs() -> None:
+    """Forget every recorded CUDA graph. An exception inside a graphed call leaves the trees' bookkeeping half
+    updated, and each later graphed call in the process then fails; a benchmark calls this after a failed row."""
+    if torch.cuda.is_available():
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
 
 
 def compiles(plan: StaticPlan | None) -> bool:
@@ -185,7 +242,7 @@ class CompiledForward:
         first = key not in self.shapes
         started = time.perf_counter()
         try:
-            out = self.compiled(**inputs)
+            out = run_graphed(self.compiled, self.mode, **inputs)
         except torch._dynamo.exc.TorchDynamoException as error:  # compilation, not the model, failed
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             warnings.warn(f"compile=True: {type(self.model).__name__} could not be compiled ({self.failed}); "
@@ -219,7 +276,7 @@ class CompiledRound:
             return self.step(*args, **kwargs)
         graphs, started = graphs_compiled(), time.perf_counter()
         try:
-            out = self.compiled(*args, **kwargs)
+            out = run_graphed(self.compiled, self.mode, *args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
 from specmm.core.compiled import StaticPlan, compiled_helper, compiles
+from specmm.core.resident import owner_of, resident
 from specmm.core.inplace import write_columns_
 from specmm.core.limits import check_position_scheme
 from specmm.core.sampling import Generators, SamplingConfig
@@ -141,7 +142,9 @@ class CountsForwards:
 
     @draft_forwards.setter
     def draft_forwards(self, value: int) -> None:
-        self._forward_count = torch.tensor(value, dtype=torch.long, device=self.device)
+        count = torch.tensor(value, dtype=torch.long, device=self.device)
+        plan = getattr(self, "static_plan", None)  # under CUDA graphs the counter keeps its address
+        self._forward_count = resident(owner_of(self), "draft_forwards", count, None if plan is None else plan.mode)
 
     def count_forwards(self, n: int = 1) -> None:
         self._forward_count.add_(n)
@@ -276,7 +279,8 @@ class PromptLookupDrafter:
         self.lengths = valid.sum(1)  # [B]
         if self.static_plan is not None:  # [B, max_len]: room for every token the generation can keep
             spare = self.static_plan.max_len - self.history.shape[1]
-            self.history = torch.nn.functional.pad(self.history, (0, max(spare, 0)))
+            history = torch.nn.functional.pad(self.history, (0, max(spare, 0)))
+            self.history = resident(owner_of(self), "history", history, self.static_plan.mode)  # written in place
 
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         k = min(self.k, spec.depth)

@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, held_modules, settings_key,
-                                  shared_round, taped_rounds)
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode, held_modules,
+                                  settings_key, shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
+from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.finite import raise_nonfinite_round, round_flags, stopped
@@ -196,9 +197,8 @@ class SpeculativeGenerator:
     def static_plan(self, prompt_length: int, max_new_tokens: int) -> StaticPlan:
         """Cache slots for the prompt, the budget and one tree round, bucketed so similar calls share shapes."""
         reserve = self.tree.num_nodes + self.tree.depth + 2  # one round: pending tokens and the tree
-        mode = "reduce-overhead" if torch.device(self.target.device).type == "cuda" else None
         return StaticPlan(max_len=static_cache_length(prompt_length + max_new_tokens + reserve), reserve=reserve,
-                          compile=True, mode=mode)
+                          compile=True, mode=graph_mode(self.target.device))
 
     def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id,
                       generator, streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
@@ -388,6 +388,10 @@ class SpeculativeGenerator:
         stats, generators = GenerationStats(), generator
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         roots = self.begin(input_ids, attention_mask, sampling, generators, max_new_tokens, **model_inputs)
+        if self._plan is not None:  # under CUDA graphs the round's state keeps its addresses across generations
+            owner, mode = owner_of(self.target), self._plan.mode
+            out, counts, rounds, histogram, moved = (resident(owner, name, value, mode) for name, value in (
+                ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved)))
         self.timer = RoundTimer(device) if self.profile else None
         if self.timer is not None:
             self.timer.reset()
@@ -399,6 +403,8 @@ class SpeculativeGenerator:
                                                         generators, max_new_tokens, criteria, pad, streamer, batch,
                                                         alive)
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
+        if self._plan is not None:
+            alive = resident(owner_of(self.target), "alive", alive, self._plan.mode)
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
             step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)

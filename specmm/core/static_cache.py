@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
 from specmm.core.compiled import compiled_helper
+from specmm.core.resident import resident
 from specmm.core.inplace import move_slots_
 
 
@@ -72,18 +73,37 @@ class StaticRowCache(RowCache):
     """Per-row lengths and an open round over a `Cache` of `StaticLayer`s with `max_len` slots."""
 
     def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int, reserve: int = 0,
-                 compile: bool = False):
+                 compile: bool = False, owner: object | None = None, role: str = "model", mode: str | None = None):
         self.cache = Cache(layers=[StaticLayer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
         self.longest = max_len - reserve  # a row's committed length never passes this: one round always fits
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed tokens per row
-        self.round_start = torch.zeros((), dtype=torch.long, device=device)  # P = max(lengths), on the device
+        # under CUDA graphs (`mode`) the buffers a round writes are `owner`'s resident ones, kept across generations
+        self._resident = (owner, role, mode) if owner is not None and mode is not None else None
+        self._settled = self._resident is None  # whether the KV layers are resident (once HF has allocated them)
+        self.lengths = self._keep("lengths", torch.zeros(batch, dtype=torch.long, device=device))  # [B] per row
+        self.round_start = self._keep("round_start", torch.zeros((), dtype=torch.long, device=device))  # P, []
         self.slots = torch.arange(max_len, device=device)  # [S]
         self._round_positions: list[Tensor] = []
         self._round_attend: Tensor | None = None
         # compiled mode runs the round's masks and commits as compiled graphs too (a few eager ops each)
         self._compiled = (compiled_helper(round_mask), compiled_helper(commit_slots)) if compile else None
         self._fast_round = False  # whether the open round's masks and commit run compiled
+
+    def _keep(self, name: str, value: Tensor) -> Tensor:
+        if self._resident is None:
+            return value
+        owner, role, mode = self._resident
+        return resident(owner, f"{role}.{name}", value, mode)
+
+    def _settle(self) -> None:
+        """Once HF has allocated the layers (in the eager prefill), move them into the resident buffers."""
+        if self._settled or torch.compiler.is_compiling() or not self.allocated:
+            return
+        for index, layer in enumerate(self.cache.layers):
+            layer.keys = self._keep(f"keys.{index}", layer.keys)
+            layer.values = self._keep(f"values.{index}", layer.values)
+            layer.cumulative_length = self._keep(f"cumulative_length.{index}", layer.cumulative_length)
+        self._settled = True
 
     @property
     def committed_length(self) -> int:
@@ -106,6 +126,7 @@ class StaticRowCache(RowCache):
         rounds of a few shapes (trees, pending tokens), not prefills, whose every prompt length is a shape.
         """
         batch, n = positions.shape
+        self._settle()
         if self.round_length == 0:  # a round opens: its slots start at P, where every commit, rollback and row
             self._fast_round = fast and self._compiled is not None  # selection left each layer's write position
         self._round_positions.append(positions)
@@ -126,6 +147,7 @@ class StaticRowCache(RowCache):
 
     def commit(self, slots: Tensor, counts: Tensor) -> None:
         """Keep round slots `slots[b, :counts[b]]` for row b (in that order); drop the rest of the round."""
+        self._settle()
         slots = slots[:, : self.round_length]
         layers = [layer for layer in self.cache.layers if layer.is_initialized]
         commit = self._compiled[1] if self._fast_round else commit_slots

@@ -99,7 +99,7 @@ class ModelRunner:
     """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
 
     def __init__(self, model: nn.Module, batch: int, capture: nn.Module | None = None,
-                 static: StaticPlan | None = None, row_slots: bool = False):
+                 static: StaticPlan | None = None, row_slots: bool = False, role: str = "model"):
         self.model = model
         self.cache_keyword = cache_keyword(model)
         self.backend = attention_backend(model)
@@ -112,7 +112,7 @@ class ModelRunner:
             # a model whose layers outnumber its config's (a drafter head with extra cached layers) says so
             layers = getattr(model, "num_cache_layers", None) or model.config.get_text_config().num_hidden_layers
             self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve,
-                                        compile=static.compile)
+                                        compile=static.compile, owner=model, role=role, mode=static.mode)
             self.compiled = compiled_forward(model, static.mode) if static.compile else None
         self.capture = capture
         self._captured: Tensor | None = None
@@ -339,7 +339,7 @@ class HFCausalLMTarget(RunnerOwner):
             raise ValueError(f"target: cannot find the final norm of {type(self.model).__name__} to read features")
         self.needs = frozenset(needs)
         self.runner = ModelRunner(self.model, batch, capture=capture, static=self.static_plan,
-                                  row_slots=self.row_slots)
+                                  row_slots=self.row_slots, role="target")
 
     def close(self) -> None:
         if self.runner is not None:

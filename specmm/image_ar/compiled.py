@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from specmm.core.compiled import StaticPlan, compile_failure, compiled_forward
+from specmm.core.compiled import StaticPlan, compile_failure, compiled_forward, graph_mode
 from specmm.core.compiled_accept import WALK, AcceptWalk
 
 
 def image_plan(device: torch.device) -> StaticPlan:
     """The plan of an image generation: LlamaGen's own static caches, compiled parts (CUDA graphs on CUDA)."""
-    return StaticPlan(max_len=0, compile=True, mode="reduce-overhead" if torch.device(device).type == "cuda" else None)
+    return StaticPlan(max_len=0, compile=True, mode=graph_mode(device))
 
 
 def part(owner: nn.Module, kind: type[nn.Module], *args) -> nn.Module:

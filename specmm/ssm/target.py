@@ -23,6 +23,7 @@ from transformers.cache_utils import Cache
 
 from specmm.core.cache import RowCache
 from specmm.core.compiled import CompiledForward, StaticPlan, compile_failure, compiled_forward, compiles
+from specmm.core.resident import resident
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.target import (
     PrefillOutput,
@@ -71,11 +72,14 @@ class SSMStates:
     """Committed conv and SSM states of every Mamba2 layer, one row per sequence."""
 
     def __init__(self, mixers: dict[int, nn.Module], batch: int, device: torch.device, dtype: torch.dtype,
-                 scan_dtype: torch.dtype):
-        self.conv = {i: torch.zeros(batch, m.conv_dim, m.conv_kernel_size, device=device, dtype=dtype)
+                 scan_dtype: torch.dtype, owner: object | None = None, mode: str | None = None):
+        # under CUDA graphs (`mode`) the states are `owner`'s resident buffers, which a round writes in place
+        self.conv = {i: resident(owner, f"conv.{i}", torch.zeros(batch, m.conv_dim, m.conv_kernel_size, device=device,
+                                                                  dtype=dtype), mode)
                      for i, m in mixers.items()}  # [B, C, K]
-        self.ssm = {i: torch.zeros(batch, m.num_heads, m.head_dim, m.ssm_state_size, device=device,
-                                   dtype=scan_dtype) for i, m in mixers.items()}  # [B, H, P, N]
+        self.ssm = {i: resident(owner, f"ssm.{i}", torch.zeros(batch, m.num_heads, m.head_dim, m.ssm_state_size,
+                                                                device=device, dtype=scan_dtype), mode)
+                    for i, m in mixers.items()}  # [B, H, P, N]
 
     def select_rows(self, rows: Tensor) -> None:
         self.conv = {i: s[rows] for i, s in self.conv.items()}
@@ -135,14 +139,16 @@ class SSMTarget:
         if needs:
             raise ValueError(f"drafter: needs {sorted(needs)} which {type(self).__name__} does not provide")
         scan = self.scan_dtype or torch.promote_types(self.dtype, torch.float32)
-        self.states = SSMStates(self.mixers, batch, self.device, self.dtype, scan)
-        self.kv = None
         plan = self.static_plan
+        mode = plan.mode if compiles(plan) else None
+        self.states = SSMStates(self.mixers, batch, self.device, self.dtype, scan, owner=self.model, mode=mode)
+        self.kv = None
         if self.attention_layers and plan is None:
             self.kv = RowCache(batch, self.device)
             self.kv.cache = _AttentionKV(self.attention_layers)
         elif self.attention_layers:
-            self.kv = StaticRowCache(batch, self.device, len(self.attention_layers), plan.max_len, plan.reserve)
+            self.kv = StaticRowCache(batch, self.device, len(self.attention_layers), plan.max_len, plan.reserve,
+                                     owner=self.model, role="ssm-attention", mode=mode)
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
         self.steps = self._own_steps

@@ -79,6 +79,21 @@ def test_a_failing_method_becomes_a_failed_row_but_the_reference_must_run():
         run_benchmark([Method("base", broken)], torch.device("cpu"), repeats=1, warmup=0, progress=False)
 
 
+def test_a_failed_row_resets_the_cuda_graphs_and_a_bare_assert_says_where(monkeypatch):
+    """A row that raises inside a CUDA-graphed call leaves the graph trees broken for every later row (seen on an
+    H100: every compiled row after the first failure, HF's own included, failed with a bare AssertionError)."""
+    resets = []
+    monkeypatch.setattr("specmm.bench.harness.reset_graphs", lambda: resets.append(1))
+
+    def bare_assert():
+        raise AssertionError  # message-less, as torch's graph trees raise it
+
+    rows, _ = run_benchmark([Method("base", lambda: RunResult([[1]]), baseline=True), Method("asserts", bare_assert)],
+                            torch.device("cpu"), repeats=1, warmup=1, progress=False)
+    assert resets == [1]
+    assert rows[1].error.startswith("AssertionError: raised at test_harness.py:")
+
+
 
 @pytest.mark.parametrize("rows, share", [
     ([[1, 2, 3, 4, 5, 6]], 1.0),  # 3 distinct 4-grams of 3

@@ -49,3 +49,24 @@ def test_bench_reports_every_method_in_both_schedules_and_exact_rows_reproduce_t
     json_path, md_path, png = write(reports, results, tmp_path, "reasoning-test")
     assert png.stat().st_size > 1000 and "![accuracy vs latency]" in md_path.read_text()
     assert set(json.loads(json_path.read_text())["results"]) == {"2"}
+
+
+def test_a_run_stopped_after_its_first_batch_size_keeps_that_report_marked_partial(tiny_models, tmp_path):
+    """The report is written after every batch size: a GPU run cut off by its time limit during batch 256 must
+    still return batch 64's rows, saying that 256 is missing."""
+    setup = ReasoningBenchSetup(batch_sizes=(1, 2), problems={1: 1, 2: 2}, specreason_thresholds=(4.5,),
+                                arbitrage_thresholds=(0.5,), max_new_tokens=8, max_step_tokens=4, round_batches=1)
+
+    class Stopped(Exception):
+        pass
+
+    def write_then_stop(reports, results):
+        write(reports, results, tmp_path, "partial", pending=setup.batch_sizes[len(reports):])
+        raise Stopped  # the time limit, right after the first batch size
+
+    with pytest.raises(Stopped):
+        bench_reasoning(tiny_models, setup, command="test", description={}, device=torch.device("cpu"),
+                        progress=False, on_batch=write_then_stop)
+    data = json.loads((tmp_path / "partial.json").read_text())
+    assert data["pending_batch_sizes"] == [2] and set(data["results"]) == {"1"}
+    assert (tmp_path / "partial.md").read_text().startswith("**Partial report:** batch sizes 2 have not run yet.")

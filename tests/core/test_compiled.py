@@ -8,11 +8,14 @@ kernels (kernel codegen is torch's, and would make the suite minutes longer on 2
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import pytest
 import torch
 
 import specmm
+from specmm.core.compiled import GRAPHED, run_graphed
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import EagleDrafter, ModelDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
@@ -202,3 +205,63 @@ def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(c
         assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
         assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
     assert len([w for w in seen if "one graph" in str(w.message)]) == 1 and not compiled.whole_round  # once
+
+
+class _Pair(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+@dataclass
+class _Result:
+    tokens: torch.Tensor
+    pair: _Pair
+    cache: object
+
+
+def test_graphed_calls_hand_out_copies_of_their_outputs_but_keep_caches():
+    """Under CUDA graphs a graph's outputs live in buffers the next replay overwrites: `run_graphed` copies every
+    output tensor (in model outputs, named tuples, dataclasses, lists) and keeps other objects, such as a cache
+    whose buffers the graph updates in place."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    cache, logits, tokens, a, b = object(), torch.randn(1, 2, 5), torch.arange(3), torch.ones(2), torch.zeros(2)
+
+    def compiled(**inputs):
+        return (CausalLMOutputWithPast(logits=logits, past_key_values=cache), _Result(tokens, _Pair(a, b), cache),
+                [a])
+
+    steps = []
+    original = torch.compiler.cudagraph_mark_step_begin
+    torch.compiler.cudagraph_mark_step_begin = lambda: steps.append(1)
+    try:
+        output, result, listed = run_graphed(compiled, GRAPHED, x=1)
+    finally:
+        torch.compiler.cudagraph_mark_step_begin = original
+    assert steps == [1]  # each graphed call is a step of its own
+    pairs = [(output.logits, logits), (output["logits"], logits), (result.tokens, tokens), (result.pair.first, a),
+             (result.pair.second, b), (listed[0], a)]
+    for copied, original_tensor in pairs:
+        assert torch.equal(copied, original_tensor)
+        assert copied.untyped_storage().data_ptr() != original_tensor.untyped_storage().data_ptr()
+    assert output.past_key_values is cache and result.cache is cache and isinstance(result.pair, _Pair)
+    plain = compiled()
+    assert run_graphed(compiled, None)[1].tokens is tokens and plain[1].tokens is tokens  # other modes: as is
+
+
+def test_the_cuda_graph_path_decodes_the_eager_tokens(capture_only, monkeypatch):
+    """The CUDA-graph mode's host side (a graph step per call, copied outputs) on a CPU, where inductor runs the
+    graphs without capture: the same tokens as eager mode, a chain and a tree in one ragged batch."""
+    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
+    steps = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([3, 6], seed=5)
+    for tree in TREE_KINDS.values():
+        kwargs = dict(attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+        eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
+        gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
+        assert gen.static_plan(ids.shape[1], 10).mode == GRAPHED
+        assert torch.equal(gen.generate(ids, **kwargs).sequences, eager.sequences)
+    assert steps  # the graphed calls went through run_graphed

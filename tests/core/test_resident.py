@@ -1,0 +1,117 @@
+"""Under CUDA graphs a compiled round may write in place only into static addresses, and its graph replays only
+while those addresses stay put. Checked on a CPU with the CUDA-graph mode's host side forced on: every tensor a
+round writes is marked static, and the next generation of the same shapes writes the very same buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import specmm
+from specmm.core import compiled
+from specmm.core.compiled import GRAPHED
+from specmm.core.resident import resident
+from specmm.drafters import EagleDrafter, ModelDrafter, PromptLookupDrafter
+from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
+
+
+def reachable_tensors(roots: list[tuple[str, object]], depth: int = 8) -> dict[int, tuple[torch.Tensor, str]]:
+    """Every tensor reachable from `roots` through attributes, dicts, lists and tuples, outside modules (whose
+    parameters and buffers are static already): id -> (tensor, path)."""
+    seen, found, stack = set(), {}, [(obj, 0, name) for name, obj in roots]
+    while stack:
+        obj, level, path = stack.pop()
+        if id(obj) in seen or level > depth or isinstance(obj, (nn.Module, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found[id(obj)] = (obj, path)
+            continue
+        if isinstance(obj, dict):
+            items = list(obj.items())
+        elif isinstance(obj, (list, tuple)):
+            items = list(enumerate(obj))
+        elif hasattr(obj, "__dict__"):
+            items = list(vars(obj).items())
+        else:
+            continue
+        stack += [(value, level + 1, f"{path}.{key}") for key, value in items]
+    return found
+
+
+@pytest.fixture
+def round_writes(monkeypatch):
+    """Per compiled round: (path, data pointer, static marking) of every reachable tensor the round wrote."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    rounds: list[list[tuple[str, int, str | None]]] = []
+    original = compiled.CompiledRound.__call__
+
+    def recording(self, *args, **kwargs):
+        tensors = reachable_tensors([(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items()))
+        before = {key: tensor._version for key, (tensor, _) in tensors.items()}
+        out = original(self, *args, **kwargs)
+        rounds.append([(path, tensor.data_ptr(), getattr(tensor, "_dynamo_static_input_type", None))
+                       for key, (tensor, path) in tensors.items() if tensor._version != before[key]])
+        return out
+
+    monkeypatch.setattr(compiled.CompiledRound, "__call__", recording)
+    return rounds
+
+
+def llama_case(drafter: str):
+    target = tiny_model("llama")
+    ids, mask = left_padded_batch([3, 6], seed=5)
+    if drafter == "lookup":
+        return target, lambda: PromptLookupDrafter(ngram=2, k=3), specmm.TreeSpec.chain(3), ids, mask
+    if drafter == "eagle":
+        torch.manual_seed(0)
+        head = EagleDrafter.for_target(target)
+        return target, lambda: head, specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8), ids, mask
+    draft = perturbed_copy(target, 0.3)
+    return target, lambda: ModelDrafter(draft), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8), ids, mask
+
+
+def ssm_case(arch: str):
+    from tests.ssm.test_generate import TREES, greedy_case
+
+    target, draft, ids, mask, _ = greedy_case(arch)
+    return target, lambda: ModelDrafter(draft), TREES["dynamic"], ids, mask
+
+
+CASES = {"llama, model drafter": lambda: llama_case("model"), "llama, prompt lookup": lambda: llama_case("lookup"),
+         "llama, eagle": lambda: llama_case("eagle"), "mamba2": lambda: ssm_case("mamba2"),
+         "bamba": lambda: ssm_case("bamba")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reuses(round_writes, case):
+    target, make_drafter, tree, ids, mask = CASES[case]()
+    kwargs = dict(attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+    eager = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree).generate(ids, **kwargs)
+    generations = []
+    for _ in range(2):  # a new generator (and model drafter) each time, as benchmarks make them: same shapes
+        round_writes.clear()
+        out = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree, compile=True).generate(ids, **kwargs)
+        assert torch.equal(out.sequences, eager.sequences)
+        assert round_writes, "no round ran as one compiled graph"
+        generations.append((out.sequences.clone(), out.sequences, round_writes[-1]))
+    for _, _, writes in generations:
+        assert any(path.startswith("arg") for path, _, _ in writes)  # the engine's state at least
+        assert [path for path, _, marking in writes if marking is None] == []  # every written tensor is static
+    assert {(p, ptr) for p, ptr, _ in generations[0][2]} == {(p, ptr) for p, ptr, _ in generations[1][2]}
+    assert torch.equal(generations[0][0], generations[0][1])  # the first result is not overwritten by the second
+
+
+def test_resident_buffers_belong_to_one_owner_name_and_shape_and_only_under_cuda_graphs():
+    owner, other = nn.Linear(1, 1), nn.Linear(1, 1)
+    first = resident(owner, "counts", torch.tensor([1, 2]), GRAPHED)
+    again = resident(owner, "counts", torch.tensor([3, 4]), GRAPHED)
+    assert again is first and again.tolist() == [3, 4] and first._dynamo_static_input_type == "unguarded"
+    assert resident(owner, "counts", torch.tensor([1, 2, 3]), GRAPHED) is not first  # another shape
+    assert resident(owner, "rounds", torch.tensor([1, 2]), GRAPHED) is not first  # another name
+    assert resident(other, "counts", torch.tensor([1, 2]), GRAPHED) is not first  # another owner
+    fresh = torch.tensor([5, 6])
+    assert resident(owner, "counts", fresh, None) is fresh  # no CUDA graphs: the fresh tensor, untouched
