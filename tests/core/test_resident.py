@@ -64,37 +64,47 @@ def round_writes(monkeypatch):
 def llama_case(drafter: str):
     target = tiny_model("llama")
     ids, mask = left_padded_batch([3, 6], seed=5)
+    inputs, tree = dict(input_ids=ids, attention_mask=mask), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)
     if drafter == "lookup":
-        return target, lambda: PromptLookupDrafter(ngram=2, k=3), specmm.TreeSpec.chain(3), ids, mask
+        return target, lambda: PromptLookupDrafter(ngram=2, k=3), specmm.TreeSpec.chain(3), inputs
     if drafter == "eagle":
         torch.manual_seed(0)
         head = EagleDrafter.for_target(target)
-        return target, lambda: head, specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8), ids, mask
+        return target, lambda: head, tree, inputs
     draft = perturbed_copy(target, 0.3)
-    return target, lambda: ModelDrafter(draft), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8), ids, mask
+    return target, lambda: ModelDrafter(draft), tree, inputs
 
 
 def ssm_case(arch: str):
     from tests.ssm.test_generate import TREES, greedy_case
 
     target, draft, ids, mask, _ = greedy_case(arch)
-    return target, lambda: ModelDrafter(draft), TREES["dynamic"], ids, mask
+    return target, lambda: ModelDrafter(draft), TREES["dynamic"], dict(input_ids=ids, attention_mask=mask)
+
+
+def vlm_case(family: str, method: str):
+    from tests.vlm.test_drafter import SPECS, drafter_for
+    from tests.vlm.test_targets import setup
+
+    model, inputs, _, _ = setup(family)
+    drafter = drafter_for(model, method)  # one drafter: its head owns its resident buffers
+    return model, lambda: drafter, SPECS["dynamic"], inputs
 
 
 CASES = {"llama, model drafter": lambda: llama_case("model"), "llama, prompt lookup": lambda: llama_case("lookup"),
          "llama, eagle": lambda: llama_case("eagle"), "mamba2": lambda: ssm_case("mamba2"),
-         "bamba": lambda: ssm_case("bamba")}
+         "bamba": lambda: ssm_case("bamba"), "qwen2.5-vl, vispec": lambda: vlm_case("qwen2_5_vl", "vispec")}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reuses(round_writes, case):
-    target, make_drafter, tree, ids, mask = CASES[case]()
-    kwargs = dict(attention_mask=mask, max_new_tokens=10, pad_token_id=0)
-    eager = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree).generate(ids, **kwargs)
+    target, make_drafter, tree, inputs = CASES[case]()
+    kwargs = dict(inputs, max_new_tokens=10, pad_token_id=0)
+    eager = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree).generate(**kwargs)
     generations = []
     for _ in range(2):  # a new generator (and model drafter) each time, as benchmarks make them: same shapes
         round_writes.clear()
-        out = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree, compile=True).generate(ids, **kwargs)
+        out = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree, compile=True).generate(**kwargs)
         assert torch.equal(out.sequences, eager.sequences)
         assert round_writes, "no round ran as one compiled graph"
         generations.append((out.sequences.clone(), out.sequences, round_writes[-1]))

@@ -1,15 +1,22 @@
-import json, sys, torch
+"""Store the large weight files of the zoo copies in .gpucarry/zoo as bfloat16 and rewrite their zoo.json (sizes and
+hashes), so the builds fit the device tool's 64 MiB transfer. The benches load them with --dtype bfloat16, which
+rounds float32 weights to the same values. Run by prepare.sh."""
+
 from pathlib import Path
+
+import torch
 from safetensors.torch import load_file, save_file
+
 from specmm.zoo import store
+
 root = Path(".gpucarry/zoo")
 for rel in ["code-cpu/target", "ssm-code-cpu/mamba2", "ssm-code-cpu/hybrid"]:
-    f = root / rel / "model.safetensors"
-    sd = load_file(f)
-    meta = {"format": "pt"}
-    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}, f, metadata=meta)
+    path = root / rel / "model.safetensors"
+    weights = load_file(path)
+    save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
+              path, metadata={"format": "pt"})
 for entry in ["code-cpu", "ssm-code-cpu"]:
-    folder = root / entry
-    rec = store.read_manifest(folder)
-    rec.pop("files"); rec["transport_note"] = "weights stored bf16 for the GPU run"
-    store.write_manifest(folder, rec)
+    record = store.read_manifest(root / entry)
+    record.pop("files")
+    record["transport_note"] = "weights stored bf16 for the GPU run"
+    store.write_manifest(root / entry, record)
