@@ -388,10 +388,11 @@ class SpeculativeGenerator:
         stats, generators = GenerationStats(), generator
         alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         roots = self.begin(input_ids, attention_mask, sampling, generators, max_new_tokens, **model_inputs)
-        if self._plan is not None:  # under CUDA graphs the round's state keeps its addresses across generations
-            owner, mode = owner_of(self.target), self._plan.mode
-            out, counts, rounds, histogram, moved = (resident(owner, name, value, mode) for name, value in (
-                ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved)))
+        # under CUDA graphs the round's state keeps its addresses across generations (other modes: as allocated)
+        mode = None if self._plan is None else self._plan.mode
+        keep = functools.partial(resident, owner_of(self.target), mode=mode)
+        out, counts, rounds, histogram, moved = (keep(name, value) for name, value in (
+            ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved)))
         self.timer = RoundTimer(device) if self.profile else None
         if self.timer is not None:
             self.timer.reset()
@@ -402,9 +403,7 @@ class SpeculativeGenerator:
             roots, generators, active, _ = self._record(first, out, counts, rounds, histogram, active, roots,
                                                         generators, max_new_tokens, criteria, pad, streamer, batch,
                                                         alive)
-        alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
-        if self._plan is not None:
-            alive = resident(owner_of(self.target), "alive", alive, self._plan.mode)
+        alive = keep("alive", torch.ones(batch, dtype=torch.bool, device=device)) if self.compile else None
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
             step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
