@@ -27,7 +27,7 @@ Batch = Tensor | tuple[Tensor, Tensor]  # input_ids [B, L], or (input_ids, atten
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig:  # an `eagle_train.TrainSchedule`, plus the distillation temperature
     steps: int = 500
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,19 @@ from specmm.core.target import final_norm
 from specmm.jobs import atomic_writer
 
 logger = logging.getLogger(__name__)
+
+
+class TrainSchedule(Protocol):
+    """What `train_head` reads of a config: `EagleTrainConfig` (and the VLM drafters' subclass) and the draft
+    distillation's `DistillConfig` each carry these, with their own defaults."""
+
+    steps: int
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps: int
+    grad_clip: float
+    checkpoint_every: int
 
 
 @dataclass
@@ -102,7 +116,7 @@ def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterabl
     return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc="eagle", progress=progress)
 
 
-def train_head(drafter, step_loss: Callable[[int], tuple[Tensor, dict[str, float]]], config: EagleTrainConfig, *,
+def train_head(drafter, step_loss: Callable[[int], tuple[Tensor, dict[str, float]]], config: TrainSchedule, *,
                checkpoint_dir: str | Path | None = None, desc: str = "drafter", progress: bool = True,
                on_step: Callable[[int, float, dict], None] | None = None) -> list[float]:
     """The optimisation loop every drafter head shares: AdamW with linear warm-up, value clipping, a tqdm
