@@ -8,6 +8,7 @@ Every row runs in one process on the same inputs, interleaved. Baselines (plain 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ import specmm
 from specmm.bench.fast_path import (FastPathSetup, compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
                                     hf_static_compile_kwargs)
 from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
-from specmm.drafters import ModelDrafter, PromptLookupDrafter
+from specmm.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specmm.machine import machine_info
 
 
@@ -80,7 +81,10 @@ def speculative_method(name: str, make_generator, generate, mode: str, profile: 
 
 
 def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, attention_mask: Tensor,
-                 setup: CoreBenchSetup) -> list[Method]:
+                 setup: CoreBenchSetup, drafters: dict[str, Callable[[], Drafter]] | None = None) -> list[Method]:
+    """Baselines, HF assisted (with `draft`), then per mode: chain and tree rows drafted by `draft` ("specmm chain
+    ...") and by each of `drafters` (label -> a new drafter per generation: "specmm <label> chain ..."), and
+    prompt lookup."""
     width, eos, pad, new = input_ids.shape[1], setup.eos_token_id, setup.pad_token_id, setup.max_new_tokens
     batch = input_ids.shape[0]
 
@@ -115,13 +119,12 @@ def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, 
     if draft is not None:
         methods.append(Method(f"HF assisted, k={setup.k} (batch 1, row by row)", hf_assisted,
                               note="transformers refuses batch > 1 and static caches for assisted generation"))
+    factories = ({"": lambda: ModelDrafter(draft)} if draft is not None else {}) | dict(drafters or {})
     for mode in setup.modes:
-        if draft is not None:
-            methods += [
-                speculative(f"specmm chain k={setup.k}", lambda: ModelDrafter(draft), specmm.TreeSpec.chain(setup.k),
-                            mode),
-                speculative(f"specmm tree {_describe(setup.tree)}", lambda: ModelDrafter(draft), setup.tree, mode),
-            ]
+        for label, factory in factories.items():
+            prefix = f"specmm {label} " if label else "specmm "
+            methods += [speculative(f"{prefix}chain k={setup.k}", factory, specmm.TreeSpec.chain(setup.k), mode),
+                        speculative(f"{prefix}tree {_describe(setup.tree)}", factory, setup.tree, mode)]
         lookup_k = setup.lookup_k or setup.k
         methods.append(speculative(f"specmm prompt lookup k={lookup_k}", lambda: PromptLookupDrafter(ngram=3, k=lookup_k),
                                    specmm.TreeSpec.chain(lookup_k), mode))
@@ -142,12 +145,14 @@ def timing_note(setup) -> str:
 
 
 def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, attention_mask: Tensor,
-               setup: CoreBenchSetup, *, command: str, models: dict, notes: list[str], progress: bool = True
-               ) -> tuple[BenchReport, dict[str, RunResult]]:
-    """Run the core methods side by side; returns the report and every method's outputs."""
+               setup: CoreBenchSetup, *, command: str, models: dict, notes: list[str], progress: bool = True,
+               drafters: dict[str, Callable[[], Drafter]] | None = None) -> tuple[BenchReport, dict[str, RunResult]]:
+    """Run the core methods side by side (`drafters` as in `core_methods`); returns the report and every method's
+    outputs."""
     device = next(target.parameters()).device
+    methods = core_methods(target, draft, input_ids, attention_mask, setup, drafters)
     with torch.no_grad(), hf_compile_scope(target):
-        rows, outputs = run_benchmark(core_methods(target, draft, input_ids, attention_mask, setup), device,
+        rows, outputs = run_benchmark(methods, device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress)
     repetition, warnings = output_repetition(outputs)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],

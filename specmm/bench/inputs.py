@@ -62,6 +62,38 @@ def from_zoo(name: str, scale: str, batch: int, device, dtype) -> BenchInputs:
                        description, notes=notes, tokenizer=models.tokenizer, prompts=prompts)
 
 
+def eagle_factory(eagle, target: nn.Module):
+    """A new drafter like `eagle` (an `EagleDrafter`) per generation, over its head and `target`: drafters keep
+    per-generation state."""
+    return lambda: type(eagle)(eagle.head, target)
+
+
+def zoo_code_drafters(data: BenchInputs, drafts: list[str], scale: str, device, dtype) -> dict:
+    """label -> drafter factory for the zoo `code-drafts` drafters named in `drafts` (built on first use); drops
+    `data.draft` when "code" is not named, and describes what it loads in `data.description`."""
+    from specmm import zoo
+    from specmm.drafters import ModelDrafter
+    from specmm.zoo import code_drafts
+
+    if "code" not in drafts:
+        data.draft = None
+        data.description.pop("draft", None)
+    wanted = [name for name in code_drafts.DRAFTERS if name in drafts]
+    if not wanted:
+        return {}
+    path = zoo.build("code-drafts", scale)
+    record = zoo.record("code-drafts", scale)["drafters"]
+    factories = {}
+    for name in wanted:
+        drafter = code_drafts.load(path, name, data.target, device, dtype)
+        factories[name] = eagle_factory(drafter, data.target) if name == "eagle" else (lambda model=drafter: ModelDrafter(model))
+        figures = record[name]
+        data.description[f"{name} drafter"] = (
+            f"zoo code-drafts-{scale}/{name}: {figures['parameters'] / 1e6:.2f}M params, {figures['steps']} steps; "
+            f"greedy agreement {figures['greedy_agreement_before']:.3f} -> {figures['greedy_agreement']:.3f}")
+    return factories
+
+
 def from_paths(target: str, draft: str | None, prompts_file: str | None, batch: int, device, dtype) -> BenchInputs:
     kwargs = dict(dtype=dtype, attn_implementation="sdpa")
     target_model = AutoModelForCausalLM.from_pretrained(target, **kwargs).to(device).eval()

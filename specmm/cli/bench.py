@@ -44,6 +44,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_bench_core(args) -> int:
+    if (args.random or args.target) and args.drafts != ["code"]:
+        raise ValueError("--drafts: picks the zoo's drafters; with --target pass --draft and/or --eagle")
+    if args.eagle and not args.target:
+        raise ValueError("--eagle: needs --target (the zoo's EAGLE head is --drafts eagle)")
     device = torch.device(args.device)
     fill_draft_defaults(args)
     source = "random" if args.random else ("custom" if args.target else f"{args.zoo}-{args.scale}")
@@ -55,18 +59,26 @@ def cmd_bench_core(args) -> int:
 def _bench_core(args, device, name) -> int:
     from specmm.bench import inputs as sources
     from specmm.bench.core import CoreBenchSetup, bench_core
+    from specmm.drafters import EagleDrafter
 
+    drafters = {}
     if args.random:
         data = sources.random_pair(args.batch_size, device, args.dtype)
     elif args.target:
         model_folder("--target", args.target)
         model_folder("--draft", args.draft)
+        model_folder("--eagle", args.eagle)
         if args.prompts:
             read_text_lines("--prompts", args.prompts)  # a missing or non-UTF-8 file is named before loading
         with loading("--target/--draft", f"{args.target} and {args.draft}"):
             data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
+        if args.eagle:
+            with loading("--eagle", args.eagle):
+                drafters["eagle"] = sources.eagle_factory(EagleDrafter.from_pretrained(args.eagle, data.target), data.target)
+            data.description["eagle"] = args.eagle
     else:
         data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)
+        drafters = sources.zoo_code_drafters(data, args.drafts, args.scale, device, args.dtype)
     if args.no_repeat_ngram_size:  # HF generate (every baseline) and specmm's rows read it from the model
         data.target.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
         data.description["no_repeat_ngram_size"] = args.no_repeat_ngram_size
@@ -74,7 +86,7 @@ def _bench_core(args, device, name) -> int:
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
                            warmup=args.warmup, modes=modes(args))
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
-                           models=data.description, notes=data.notes)
+                           models=data.description, notes=data.notes, drafters=drafters)
     return show_and_write(report, args.out, name, legend=True)
 
 
@@ -211,6 +223,12 @@ def add_parser(sub):
     source.add_argument("--target", help="local HF causal LM folder (with --draft)")
     source.add_argument("--random", action="store_true", help="random weights: checks machinery, not speed")
     core.add_argument("--draft", help="local HF folder of a smaller LM with the same vocabulary")
+    core.add_argument("--eagle", help="local folder of an EAGLE-1/2 head for --target (specmm's save_pretrained or an "
+                      "upstream checkpoint): adds EAGLE chain and tree rows")
+    core.add_argument("--drafts", nargs="+", default=["code"], choices=["code", "eagle", "distilled"],
+                      help="zoo drafters with a chain and a tree row each: code (the code entry's draft, with HF "
+                      "assisted), eagle (an EAGLE head on the target), distilled (the code draft distilled onto the "
+                      "target); eagle and distilled come from zoo code-drafts, built on first use (~10 min on CPU)")
     core.add_argument("--prompts", help="text file, one prompt per line (with --target)")
     core.add_argument("--scale", default="cpu")
     core.add_argument("--device", type=device_arg, default=default_device())

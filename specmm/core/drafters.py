@@ -27,7 +27,7 @@ from specmm.core.target import (
     model_device,
     output_vocab_size,
 )
-from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+from specmm.core.tree import DraftTree, ProcessDrafts, TreeSpec, grow_tree
 
 
 @runtime_checkable
@@ -49,6 +49,9 @@ class Drafter(Protocol):
         ...
 
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+        """A [B] batch of trees under `roots`. A drafter whose class sets `processes_drafts = True` also takes
+        `process` (`tree.ProcessDrafts`): the target's generation_config processors, to apply to its draft logits
+        before it picks tokens; the engine passes it for chains and dynamic trees when the target has processors."""
         ...
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
@@ -160,6 +163,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
     """
 
     needs: frozenset[str] = frozenset()
+    processes_drafts = True  # draft() takes the target's logits processors (`process`)
 
     def __init__(self, model: nn.Module, features: bool = False):
         attention_backend(model)
@@ -197,7 +201,8 @@ class ModelDrafter(CountsForwards, RunnerOwner):
         self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)
 
     @torch.no_grad()
-    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
+              process: ProcessDrafts | None = None) -> DraftTree:
         rows = torch.arange(roots.shape[0], device=roots.device)
         logits = self.runner.extend(self.pending_valid, input_ids=self.pending).logits  # [B, P, V]
         self.count_forwards()
@@ -213,7 +218,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
             return out.logits
 
         return grow_tree(spec, roots, root_logits, expand, sampling, generators,
-                         compiled=compiles(self.static_plan))
+                         compiled=compiles(self.static_plan), process=process)
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
         plan = compiled_helper(drafter_update) if compiles(self.static_plan) else drafter_update

@@ -23,7 +23,7 @@ from specmm.core.compiled import compiles
 from specmm.core.drafters import CountsForwards, RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, final_norm, model_device, output_vocab_size
-from specmm.core.tree import DraftTree, TreeSpec, grow_tree
+from specmm.core.tree import DraftTree, ProcessDrafts, TreeSpec, grow_tree
 from specmm.jobs import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:  # the Llama classes are imported where used: `from transformers import LlamaConfig` alone loads
@@ -132,7 +132,8 @@ class EagleDrafter(CountsForwards):
     """EAGLE-1/2 drafter over a target: needs the target's features; tree nodes are never cached."""
 
     needs = frozenset({FEATURES})
-    layout = "eagle"  # recorded in the saved safetensors metadata
+    processes_drafts = True  # draft() takes the target's logits processors (`process`)
+    layout = "eagle"  # recorded in the saved config.json as `specmm_layout`
 
     def __init__(self, head: EagleHead, target_model: nn.Module):
         hidden = target_model.config.get_text_config().hidden_size
@@ -179,15 +180,17 @@ class EagleDrafter(CountsForwards):
     @classmethod
     def _check_config(cls, config: LlamaConfig, model: nn.Module) -> None:
         """Raise before any weights are built or loaded when `config` cannot serve `model` (subclasses)."""
+
     def save_pretrained(self, path: str | Path) -> None:
+        """config.json (with `specmm_layout`) and model.safetensors under upstream key names. The file's metadata is
+        one key: safetensors writes several in a per-process random order, and a build must be byte-reproducible."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        config = self.head.config.to_dict()
+        config = {**self.head.config.to_dict(), "specmm_layout": self.layout}
         config.pop("_attn_implementation_internal", None)
         atomic_write_text(path / "config.json", json.dumps(config, indent=2, default=str))
         state = {k: v.detach().contiguous().cpu() for k, v in self.head.upstream_state_dict().items()}
-        atomic_write_bytes(path / "model.safetensors",
-                           save_safetensors(state, metadata={"format": "pt", "layout": self.layout}))
+        atomic_write_bytes(path / "model.safetensors", save_safetensors(state, metadata={"format": "pt"}))
 
     def check_spec(self, spec: TreeSpec) -> None:
         return None
@@ -223,7 +226,8 @@ class EagleDrafter(CountsForwards):
         self.pending_inputs, self.pending_valid, self.pending_positions = inputs, valid, positions.clamp_min(0)
 
     @torch.no_grad()
-    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
+    def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
+              process: ProcessDrafts | None = None) -> DraftTree:
         rows = torch.arange(roots.shape[0], device=roots.device)
         out = self.runner.extend(self.pending_valid, positions=self.pending_positions, **self.pending_inputs)
         self.count_forwards()
@@ -244,7 +248,7 @@ class EagleDrafter(CountsForwards):
             return self.lm_head(out.last_hidden_state)
 
         tree = grow_tree(spec, roots, self.lm_head(root_hidden), self._expander(expand, root_hidden), sampling,
-                         generators, compiled=compiles(self.static_plan))
+                         generators, compiled=compiles(self.static_plan), process=process)
         self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
         return tree
 

@@ -86,20 +86,26 @@ def eagle_loss(drafter: EagleDrafter, features: Tensor, input_ids: Tensor, atten
     return regression + config.ce_weight * cross_entropy
 
 
+def _pair(item) -> tuple[Tensor, Tensor]:
+    """(ids, mask) of a batch given as ids alone (every token real) or as the pair."""
+    return tuple(item) if isinstance(item, (tuple, list)) else (item, torch.ones_like(item))
+
+
 def _batches(data: Iterable) -> Iterator[tuple[Tensor, Tensor]]:
     while True:
         empty = True
         for item in data:
             empty = False
-            ids, mask = item if isinstance(item, (tuple, list)) else (item, torch.ones_like(item))
-            yield ids, mask
+            yield _pair(item)
         if empty:
             raise ValueError("batches: the dataset yielded nothing")
 
 
-def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterable, config: EagleTrainConfig | None = None,
-                *, checkpoint_dir: str | Path | None = None, progress: bool = True) -> list[float]:
-    """Train `drafter.head` for `config.steps` steps over `batches` (LongTensor [B, L] or (ids, mask)), cycling.
+def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterable | Callable[[int], object],
+                config: EagleTrainConfig | None = None, *, checkpoint_dir: str | Path | None = None,
+                progress: bool = True) -> list[float]:
+    """Train `drafter.head` for `config.steps` steps over `batches` (LongTensor [B, L] or (ids, mask)): an iterable,
+    cycled, or `step -> batch`, which a resumed run reads from the step it resumes at.
 
     With `checkpoint_dir`, the head and optimiser are saved every `checkpoint_every` steps and a later call
     resumes from the last checkpoint. Returns the loss of every step run by this call.
@@ -107,10 +113,10 @@ def train_eagle(drafter: EagleDrafter, target_model: nn.Module, batches: Iterabl
     config = config or EagleTrainConfig()
     device = next(drafter.head.parameters()).device
     target_model.eval()
-    data = _batches(batches)
+    data = None if callable(batches) else _batches(batches)
 
     def step_loss(step: int) -> tuple[Tensor, dict[str, float]]:
-        ids, mask = (t.to(device) for t in next(data))
+        ids, mask = (t.to(device) for t in (_pair(batches(step)) if data is None else next(data)))
         return eagle_loss(drafter, target_features(target_model, ids, mask), ids, mask, config), {}
 
     return train_head(drafter, step_loss, config, checkpoint_dir=checkpoint_dir, desc="eagle", progress=progress)

@@ -287,7 +287,11 @@ class SpeculativeGenerator:
         target, drafter, timer = self.target, self.drafter, self.timer
         if timer is not None:
             timer.mark("other")  # the loop's bookkeeping since the last round
-        tree = drafter.draft(roots, self.tree, sampling, generators)
+        if self.processor is not None and getattr(drafter, "processes_drafts", False) and self.tree.kind != "static":
+            process = functools.partial(self.processor.process_paths, history=history)  # drafts follow the rules
+            tree = drafter.draft(roots, self.tree, sampling, generators, process=process)
+        else:
+            tree = drafter.draft(roots, self.tree, sampling, generators)
         if budget is not None:
             tree = limit_depth(tree, budget - 1, compiled=self._plan is not None)  # no node past a row's budget
         if timer is not None:

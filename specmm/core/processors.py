@@ -15,8 +15,10 @@ top_p) are not read here: the engine's `sampling` argument decides how tokens ar
 (`SamplingConfig.from_generation_config` builds one from a checkpoint's settings); min_p, typical_p,
 epsilon/eta cutoffs and top_h have no SamplingConfig equivalent and are refused by that constructor.
 
-Drafters are not processed: a draft is exact as long as the draft distribution handed to acceptance is the
-one the draft was sampled from, so processors only change how often drafts are accepted.
+Drafters that declare `processes_drafts` (model drafters, EAGLE and the VLM heads) draft under the same rules
+(`process_paths`, each candidate after its own path), chains and dynamic trees: a draft is exact as long as the
+draft distribution handed to acceptance is the one the draft was sampled from, so processing drafts only changes
+how often they are accepted (a draft model that knows the target's rules no longer proposes a banned n-gram).
 """
 
 from __future__ import annotations
@@ -162,14 +164,41 @@ class TreeLogitsProcessor:
                     or self.remove_invalid_values or self.renormalize_logits or self.suppress_tokens is not None
                     or self.begin_suppress_tokens is not None)
 
+    @property
+    def reads_sequences(self) -> bool:
+        """Whether a rule reads each node's whole sequence (the others read only its length)."""
+        return self.repetition_penalty is not None or bool(self.no_repeat_ngram_size)
+
     def __call__(self, logits: Tensor, tree: DraftTree, history: History) -> Tensor:
         """logits [B, T, V] after each node of `tree` -> [B, T, V] float32 processed logits (HF's order)."""
+        new_before = (history.lengths - history.prompt_width)[:, None] + tree.depth  # [B, T] new tokens so far
+        sequences = lengths = None
+        if self.reads_sequences:
+            sequences, lengths = node_sequences(tree, history)  # [B, T, S], [B, T]
+        return self._process(logits, sequences, lengths, new_before, history)
+
+    def process_paths(self, logits: Tensor, paths: Tensor, history: History) -> Tensor:
+        """Draft logits [B, n, V] after n nodes whose tokens below the root are `paths` [B, n, d] -> [B, n, V],
+        processed as `__call__` processes a verified node at depth d. Drafting under the rules the target's tokens
+        follow gets more drafts accepted (a banned n-gram is never proposed); exactness never depends on it."""
+        batch, nodes, depth = paths.shape
+        new_before = (history.lengths - history.prompt_width)[:, None].expand(batch, nodes) + depth  # [B, n]
+        sequences = lengths = None
+        if self.reads_sequences:
+            width = history.tokens.shape[1]
+            sequences = torch.cat([history.tokens[:, None, :].expand(batch, nodes, width),
+                                   history.tokens.new_zeros(batch, nodes, depth)], 2)  # [B, n, W + d]
+            columns = history.lengths[:, None, None] + torch.arange(depth, device=paths.device)  # [B, 1, d]
+            sequences = sequences.scatter(2, columns.expand(batch, nodes, depth), paths.to(sequences.dtype))
+            lengths = history.lengths[:, None].expand(batch, nodes) + depth
+        return self._process(logits, sequences, lengths, new_before, history)
+
+    def _process(self, logits: Tensor, sequences: Tensor | None, lengths: Tensor | None, new_before: Tensor,
+                 history: History) -> Tensor:
+        """logits [B, T, V] after T sequences ([B, T, S] with `lengths` [B, T]; None when no rule reads them) that
+        hold `new_before` [B, T] new tokens each -> float32 processed logits, rule by rule in HF's order."""
         scores = logits.float()  # HF processes a float32 copy of the logits
         vocab = scores.shape[-1]
-        new_before = (history.lengths - history.prompt_width)[:, None] + tree.depth  # [B, T] new tokens so far
-        sequences = None
-        if self.repetition_penalty is not None or self.no_repeat_ngram_size:
-            sequences, lengths = node_sequences(tree, history)  # [B, T, S], [B, T]
         if self.repetition_penalty is not None:
             start = history.pad_before[:, None, None]
             seen = token_mask(sequences, start, lengths[:, :, None], vocab)  # [B, T, V]

@@ -184,23 +184,38 @@ Every call appends n drafter round slots (numbered from 0 within the round); `pa
 slot of each node's parent, or -1 when the parent is the root (whose logits the builder already has).
 """
 
+ProcessDrafts = Callable[[Tensor, Tensor], Tensor]
+"""`process(logits [B, n, V], paths [B, n, d]) -> [B, n, V]`: the target's logits processors applied to draft logits
+after n nodes, each reached from the root by the d tokens of its path."""
+
 
 def grow_tree(spec: TreeSpec, roots: Tensor, root_logits: Tensor, expand: Expand,
-              sampling: SamplingConfig, generators: Generators = None, compiled: bool = False) -> DraftTree:
+              sampling: SamplingConfig, generators: Generators = None, compiled: bool = False,
+              process: ProcessDrafts | None = None) -> DraftTree:
     """Build a [B] batch of draft trees under `roots` from a drafter step function. `compiled` (compiled
-    rounds): a dynamic tree's work between drafter runs runs as compiled graphs."""
+    rounds): a dynamic tree's work between drafter runs runs as compiled graphs. `process` (chains and dynamic
+    trees): the target's logits processors, applied to the draft logits after each node before tokens are picked."""
     if spec.kind == "chain":
-        return _grow_chain(spec, roots, root_logits, expand, sampling, generators)
+        return _grow_chain(spec, roots, root_logits, expand, sampling, generators, process)
     if spec.kind == "static":
         return _grow_static(spec, roots, root_logits, expand)
-    return _grow_dynamic(spec, roots, root_logits, expand, compiled)
+    return _grow_dynamic(spec, roots, root_logits, expand, compiled, process)
 
 
-def _grow_chain(spec, roots, root_logits, expand, sampling, generators) -> DraftTree:
+
+def _processed_root(root_logits: Tensor, process: ProcessDrafts | None) -> Tensor:
+    """root_logits [B, V], processed after the root alone (a path of no tokens)."""
+    if process is None:
+        return root_logits
+    no_path = torch.zeros(root_logits.shape[0], 1, 0, dtype=torch.long, device=root_logits.device)
+    return process(root_logits[:, None], no_path)[:, 0]
+
+
+def _grow_chain(spec, roots, root_logits, expand, sampling, generators, process=None) -> DraftTree:
     """Sampled drafts (with their distributions) when sampling, argmax drafts when greedy."""
     batch, k, device = roots.shape[0], spec.depth, roots.device
     tokens, probs = [roots], []
-    logits = root_logits
+    logits = _processed_root(root_logits, process)
     for level in range(1, k + 1):
         if sampling.greedy:
             token = logits.argmax(-1)
@@ -211,7 +226,8 @@ def _grow_chain(spec, roots, root_logits, expand, sampling, generators) -> Draft
         tokens.append(token)
         if level < k:
             parent_slot = torch.full((batch, 1), level - 2, device=device)
-            logits = expand(token[:, None], parent_slot)[:, 0]
+            logits = expand(token[:, None], parent_slot)  # [B, 1, V]
+            logits = (logits if process is None else process(logits, torch.stack(tokens[1:], 1)[:, None]))[:, 0]
     nodes = torch.arange(k + 1, device=device).expand(batch, k + 1)
     slots = torch.where((nodes >= 1) & (nodes < k), nodes - 1, -1)
     draft_probs = None
@@ -255,16 +271,18 @@ def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
                      max_children=spec.top_k, node_slots=as_tensor(slots))
 
 
-def _grow_dynamic(spec, roots, root_logits, expand, compiled: bool = False) -> DraftTree:
+def _grow_dynamic(spec, roots, root_logits, expand, compiled: bool = False, process=None) -> DraftTree:
     """EAGLE-2: a top-k frontier per level scored by cumulative log-prob, then the global best nodes.
 
     The tensor work between drafter runs is three pure steps (`dynamic_first`, `dynamic_level`, `dynamic_pick`);
     `compiled` runs each as a compiled graph (compiled rounds), about a hundred eager ops fewer per round."""
     step = compiled_helper if compiled else (lambda fn: fn)
     k = spec.top_k
-    level_state, pool = step(dynamic_first)(root_logits, k)
+    level_state, pool = step(dynamic_first)(_processed_root(root_logits, process), k)
     for level in range(2, spec.depth + 1):
         logits = expand(level_state[1], level_state[3])  # [B, K, V] children of the frontier
+        if process is not None:
+            logits = process(logits, frontier_paths(level_state, pool, level - 1))
         level_state, pool = step(dynamic_level)(logits, level_state, pool, level, k)
     tokens, parents, depth, node_slots, ancestors = step(dynamic_pick)(roots, pool, spec.total_tokens, spec.depth)
     tree = DraftTree(tokens=tokens, parents=parents, depth=depth, valid=torch.ones_like(tokens, dtype=torch.bool),
@@ -286,6 +304,16 @@ def dynamic_first(root_logits: Tensor, k: int) -> tuple[Frontier, Pool]:
     none = torch.full_like(tokens, -1)
     frontier = torch.arange(k, device=tokens.device).expand_as(tokens)
     return (scores, tokens, frontier, none), (tokens, scores, none, torch.ones_like(tokens), none)
+
+
+def frontier_paths(frontier: Frontier, pool: Pool, depth: int) -> Tensor:
+    """[B, K, depth] tokens below the root down to each frontier node (at `depth`), read up the pool's parents."""
+    tokens, _, parent, _, _ = pool
+    index, path = frontier[2], []
+    for _ in range(depth):
+        path.append(tokens.gather(1, index))
+        index = parent.gather(1, index).clamp_min(0)  # the root (-1) ends the walk; clamped, never read
+    return torch.stack(path[::-1], 2)
 
 
 def dynamic_level(logits: Tensor, frontier: Frontier, pool: Pool, level: int, k: int) -> tuple[Frontier, Pool]:

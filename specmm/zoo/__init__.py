@@ -18,7 +18,7 @@ import torch
 
 from specmm.jobs import OutputLock
 from specmm.machine import machine_info
-from specmm.zoo import captioner, captioner_drafters, chainarith, code, cspd, dlm_code, imagegen, ssm_code
+from specmm.zoo import captioner, captioner_drafters, chainarith, code, code_drafts, cspd, dlm_code, imagegen, ssm_code
 from specmm.zoo.store import (
     WORK,
     clear_artifacts,
@@ -51,6 +51,8 @@ def register(entry: ZooEntry) -> None:
 
 register(ZooEntry("code", "Llama target + ~10x smaller Llama draft on the Python standard library source",
                   code.RECIPES, code.build, version=2))
+register(ZooEntry("code-drafts", "an EAGLE head and a distilled draft for the code target (for bench core)",
+                  code_drafts.RECIPES, code_drafts.build))
 register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural scenes, + text-only draft",
                   captioner.RECIPES, captioner.build))
 register(ZooEntry("captioner-drafters", "every VisionDrafter method (eagle, msd, vispec, dream, flash) trained "

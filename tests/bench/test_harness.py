@@ -119,3 +119,31 @@ def test_bench_core_no_repeat_ngram_size_reaches_every_row(tmp_path, capsys):
     assert report["setup"]["no_repeat_ngram_size"] == 2
     assert report["setup"]["target output: distinct 4-gram share"] == 1.0
     assert all(row["matched"] for row in report["rows"] if row["matched"] is not None)
+
+
+def test_core_bench_rows_per_drafter_match_and_hf_assisted_needs_the_draft_model():
+    """Each extra drafter (an EAGLE head here) gets its own chain and tree rows, which must match plain decoding;
+    without a draft model there are no code-draft rows and no HF assisted row."""
+    from specmm.bench.inputs import eagle_factory
+    from specmm.drafters import EagleDrafter
+
+    torch.manual_seed(0)
+    target = tiny_model("llama", dtype=torch.float32)
+    ids, mask = left_padded_batch([4, 7], seed=3)
+    setup = CoreBenchSetup(max_new_tokens=10, k=3, repeats=1, warmup=0)
+    drafters = {"eagle": eagle_factory(EagleDrafter.for_target(target), target)}
+    report, _ = bench_core(target, None, ids, mask, setup, command="test", models={}, notes=[], progress=False,
+                           drafters=drafters)
+    names = [r.method for r in report.rows]
+    assert "specmm eagle chain k=3" in names and any(n.startswith("specmm eagle tree dynamic(") for n in names)
+    assert not any("assisted" in n or n.startswith("specmm chain") for n in names)
+    assert all(r.matched for r in report.rows), report.table()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--random", "--drafts", "eagle"], "--drafts: picks the zoo's drafters"),
+    (["--eagle", "somewhere"], "--eagle: needs --target"),
+])
+def test_cli_bench_core_refuses_drafters_its_source_cannot_have(tmp_path, capsys, argv, message):
+    assert main(["bench", "core", *argv, "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err and list(tmp_path.iterdir()) == []

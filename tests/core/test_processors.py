@@ -246,3 +246,58 @@ def test_sampling_config_from_generation_config():
 
 def test_no_processor_when_the_generation_config_sets_none():
     assert TreeLogitsProcessor.from_model(tiny_model("llama"), [3]) is None
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_drafts_follow_the_processors_so_a_draft_equal_to_the_target_is_always_accepted(compile):
+    """With the target's processors applied to draft logits, a draft model equal to the target proposes exactly the
+    processed greedy tokens: every round of a chain accepts every draft. Unprocessed, the rules reject some."""
+    ids, mask, _, _ = plain()
+    expected = reference("all")
+    target = configured(**settings()["all"])
+    accepted = {}
+    for processed in (True, False):
+        drafter = ModelDrafter(configured(**settings()["all"]))  # the target's weights
+        if not processed:
+            drafter.processes_drafts = False  # the engine then drafts without the processors
+        gen = specmm.SpeculativeGenerator(target, drafter, tree=specmm.TreeSpec.chain(3), compile=compile)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW)
+        assert torch.equal(out.sequences, expected)
+        accepted[processed] = out.stats.mean_accepted
+    assert accepted[True] == pytest.approx(4.0, abs=0.3)  # only rounds cut by the token budget take fewer
+    assert accepted[False] < accepted[True] - 0.5
+
+
+@pytest.mark.parametrize("spec", [specmm.TreeSpec.chain(3), specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=7)],
+                         ids=["chain", "dynamic"])
+@pytest.mark.parametrize("drafter_kind", ["model", "eagle"])
+def test_drafters_pick_from_processed_logits_given_each_nodes_path(drafter_kind, spec, monkeypatch):
+    """The engine hands the drafter its nodes' paths and the drafter picks tokens from what `process` returns: a
+    processor allowing only token d + 1 after a path of d tokens makes every tree hold the path 1, 2, 3."""
+    from specmm.core.eagle import EagleDrafter
+
+    paths_seen = []
+
+    def only_next(self, logits, paths, history):
+        paths_seen.append(paths.clone())
+        allowed = torch.full(logits.shape, -torch.inf)
+        allowed[..., paths.shape[2] + 1] = 0.0
+        return allowed
+
+    monkeypatch.setattr(TreeLogitsProcessor, "process_paths", only_next)
+    ids, mask, _, _ = plain()
+    target = configured(**settings()["no_repeat_ngram_2"])
+    torch.manual_seed(0)
+    drafter = (ModelDrafter(perturbed_copy(target, 0.3)) if drafter_kind == "model"
+               else EagleDrafter(EagleDrafter.for_target(target).head, target))
+    trees, draft = [], drafter.draft
+    drafter.draft = lambda *args, **kwargs: trees.append(draft(*args, **kwargs)) or trees[-1]
+    out = specmm.SpeculativeGenerator(target, drafter, tree=spec).generate(ids, attention_mask=mask,
+                                                                           max_new_tokens=MAX_NEW)
+    assert torch.equal(out.sequences, reference("no_repeat_ngram_2"))  # what the drafts are never changes that
+    assert trees and {p.shape[2] for p in paths_seen} == {0, 1, 2}
+    for tree in trees:
+        for depth in (1, 2, 3):
+            assert ((tree.tokens == depth) & (tree.depth == depth)).any(1).all()
+    if spec.kind == "chain":
+        assert all(torch.equal(p, torch.arange(1, p.shape[2] + 1).expand_as(p)) for p in paths_seen)
