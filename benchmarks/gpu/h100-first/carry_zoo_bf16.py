@@ -10,12 +10,13 @@ from safetensors.torch import load_file, save_file
 from specmm.zoo import store
 
 root = Path(".gpucarry/zoo")
-for rel in ["code-cpu/target", "ssm-code-cpu/mamba2", "ssm-code-cpu/hybrid"]:
+for rel in ["code-cpu/target", "ssm-code-cpu/mamba2", "ssm-code-cpu/hybrid", "chainarith-cpu/target",
+            "code-drafts-cpu/eagle", "code-drafts-cpu/distilled"]:
     path = root / rel / "model.safetensors"
     weights = load_file(path)
     save_file({k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
               path, metadata={"format": "pt"})
-for entry in ["code-cpu", "ssm-code-cpu"]:
+for entry in ["code-cpu", "ssm-code-cpu", "chainarith-cpu", "code-drafts-cpu"]:
     record = store.read_manifest(root / entry)
     record.pop("files")
     record["transport_note"] = "weights stored bf16 for the GPU run"

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Device run on the CPU-scale zoo builds carried in .gpucarry (prepare.sh): a smoke check, then the benches on CUDA.
-# Stop 40 ran the three bench steps (reasoning 130 s, ssm 230 s, core 150 s) and then smoke.py alone.
+# Stop 40 ran the three bench steps (reasoning 130 s, ssm 230 s, core 150 s) and then smoke.py alone. The core step
+# drafts with the distilled draft (zoo code-drafts; smoke.py times the code draft), the fastest model draft on CPU.
 # usage: bash .gpucarry/run.sh OUTDIR DEVICE QUICK
 R=${1:-/tmp/gpu}; DEV=${2:-cuda}; QUICK=${3:-0}
 mkdir -p $R/work; export SPECMM_HOME=$PWD/.gpucarry PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -19,6 +20,6 @@ if [ "$QUICK" = 1 ]; then
   exit 0
 fi
 step smoke 130 smoke cuda 128
-step core 140 bench core --zoo code --scale cpu --device $DEV --dtype bfloat16 --compile --batch-size 1 --max-new-tokens 128 --repeats 2 --warmup 1 --out $R/work --name core-code-cpu-cuda-bf16-batch1-compiled
+step core 140 bench core --zoo code --scale cpu --device $DEV --dtype bfloat16 --compile --batch-size 1 --max-new-tokens 128 --drafts distilled --k 4 --depth 4 --top-k 2 --total-tokens 10 --repeats 2 --warmup 1 --out $R/work --name core-code-cpu-cuda-bf16-batch1-compiled
 step ssm 180 bench ssm --scale cpu --device $DEV --dtype bfloat16 --compile --drafts distilled --max-new-tokens 128 --repeats 2 --warmup 1 --out $R/work --name ssm-cpu-cuda-bf16-compiled
 step reasoning 90 bench reasoning --scale cpu --device $DEV --batch-sizes 64 256 --problems 128 512 --out $R/work --name reasoning-chainarith-cpu-cuda-b64-b256
