@@ -93,7 +93,9 @@ def vlm_case(family: str, method: str):
 
 CASES = {"llama, model drafter": lambda: llama_case("model"), "llama, prompt lookup": lambda: llama_case("lookup"),
          "llama, eagle": lambda: llama_case("eagle"), "mamba2": lambda: ssm_case("mamba2"),
-         "bamba": lambda: ssm_case("bamba"), "qwen2.5-vl, vispec": lambda: vlm_case("qwen2_5_vl", "vispec")}
+         "bamba": lambda: ssm_case("bamba"), "qwen2.5-vl, vispec": lambda: vlm_case("qwen2_5_vl", "vispec"),
+         **{f"qwen2.5-vl, {m}": (lambda m=m: vlm_case("qwen2_5_vl", m)) for m in ("eagle", "msd", "dream", "flash")},
+         "llava, vispec": lambda: vlm_case("llava", "vispec")}
 
 
 @pytest.mark.parametrize("case", list(CASES))
