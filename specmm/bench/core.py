@@ -18,6 +18,7 @@ import specmm
 from specmm.bench.fast_path import (FastPathSetup, compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
                                     hf_static_compile_kwargs)
 from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
+from specmm.bench.ties import logit_tie_judge
 from specmm.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specmm.machine import machine_info
 
@@ -152,8 +153,8 @@ def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, at
     device = next(target.parameters()).device
     methods = core_methods(target, draft, input_ids, attention_mask, setup, drafters)
     with torch.no_grad(), hf_compile_scope(target):
-        rows, outputs = run_benchmark(methods, device,
-                                      repeats=setup.repeats, warmup=setup.warmup, progress=progress)
+        rows, outputs = run_benchmark(methods, device, repeats=setup.repeats, warmup=setup.warmup, progress=progress,
+                                      ties=logit_tie_judge(target, input_ids, attention_mask))
     repetition, warnings = output_repetition(outputs)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "eos_token_id": setup.eos_token_id,

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from specmm.bench.compile_watch import CompileWatch
 from specmm.bench.report import PHASE_LABELS, BenchReport, BenchRow, compare_with_best_ar
+from specmm.bench.ties import TieJudge, count_ties
 from specmm.core.compiled import reset_graphs
 from specmm.core.stats import GenerationStats
 
@@ -86,9 +87,10 @@ def _timed(fn: Callable[[], RunResult], device: torch.device) -> tuple[float, Ru
 
 
 def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int = 3, warmup: int = 1,
-                  progress: bool = True) -> tuple[list[BenchRow], dict[str, RunResult]]:
+                  progress: bool = True, ties: TieJudge | None = None) -> tuple[list[BenchRow], dict[str, RunResult]]:
     """Run every method `warmup + repeats` times (interleaved by round) and compare with the first, then run
-    each method's `profile` once. Returns the table rows and each method's last timed outputs."""
+    each method's `profile` once. Returns the table rows and each method's last timed outputs. With `ties`
+    (`specmm.bench.ties`), a row whose outputs differ counts the output rows that part at a near-tie of the target."""
     if warmup < 1 and any(m.compiled for m in methods):
         raise ValueError("warmup: compiled methods compile on their first run; give at least one warm-up run")
     timings: dict[str, list[float]] = {m.name: [] for m in methods}
@@ -138,11 +140,15 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
         base_rate = base_rate or rate
         warm, timed = watches[method.name]
         compiled = method.compiled if result.compiled is None else result.compiled
+        reference = results[methods[0].name].rows
+        differing, tied = (0, 0) if ties is None or result.rows == reference else count_ties(reference, result.rows,
+                                                                                            ties)
         rows.append(BenchRow(method=method.name, tokens_per_s=rate, speedup=rate / base_rate,
-                             mean_accepted=result.mean_accepted, matched=result.rows == results[methods[0].name].rows,
+                             mean_accepted=result.mean_accepted, matched=result.rows == reference,
                              new_tokens=new_tokens, median_s=median, note=method.note, extra=result.extra,
                              baseline=method.baseline, compiled=compiled, compile_s=warm.seconds,
-                             timed_compiles=timed.events, round_ms=round_ms(profiles.get(method.name))))
+                             timed_compiles=timed.events, round_ms=round_ms(profiles.get(method.name)),
+                             differing_rows=differing, near_tie_rows=tied))
         if timed.events:
             logger.warning("%s: %d compile events during timed runs (%.1f s); the warm-up did not cover its shapes",
                            method.name, timed.events, timed.seconds)

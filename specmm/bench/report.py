@@ -39,6 +39,17 @@ class BenchRow:
     speedup_vs_best_ar: float | None = None  # over the fastest baseline row
     overhead_efficiency: float | None = None  # speedup_vs_best_ar / mean accepted tokens per target forward
     error: str | None = None  # the method raised (figures are zeros): the exception, shown in the table
+    differing_rows: int = 0  # output rows unlike the first method's (counted when the bench judges near-ties)
+    near_tie_rows: int = 0  # of those, rows whose first difference is a near-tie of the target (`bench.ties`)
+
+    @property
+    def match_cell(self) -> str:
+        """'yes', 'NO', 'n/a', or 'ties (n)' when every differing output row parts at a near-tie of the target."""
+        if self.matched is None:
+            return "n/a"
+        if self.matched:
+            return "yes"
+        return f"ties ({self.near_tie_rows})" if self.differing_rows and self.near_tie_rows == self.differing_rows else "NO"
 
 
 def compare_with_best_ar(rows: list[BenchRow]) -> BenchRow | None:
@@ -91,7 +102,7 @@ class BenchReport:
             cells += [_ratio(r.speedup_vs_best_ar)] if best_ar else []
             cells += [f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else ("1.00*" if plain else "n/a")]
             cells += [_number(r.overhead_efficiency)] if best_ar else []
-            cells += ["n/a" if r.matched is None else ("yes" if r.matched else "NO"), str(r.new_tokens),
+            cells += [r.match_cell, str(r.new_tokens),
                       f"{r.median_s:.3f}"]
             if compiled:
                 cells += ["yes" if r.compiled else "no", f"{r.compile_s:.1f}" if r.compiled or r.compile_s else "-"]
@@ -120,6 +131,12 @@ class BenchReport:
                          "Compiled rows run every round after the first as one graph, which has no phases to split: "
                          "their profiled run takes each part as its own compiled call (after a run that compiles "
                          "those), so its split describes that slower per-part round.")
+        if any(r.differing_rows for r in rows):
+            parts.append("ties (n): outputs differ from the first row's, but each of the n differing rows first parts at "
+                         "a near-tie of the target (its two tokens' logits, from one forward over the common prefix in "
+                         "the target's dtype, within the rounding of that precision; `specmm.bench.ties`): both are "
+                         "the target's greedy text under a rounding of the low-precision sums. NO: some row parts "
+                         "elsewhere.")
         failed = [r.method for r in rows if r.error is not None]
         if failed:
             parts.append(f"FAILED (the method raised; see the log): {', '.join(failed)}.")

@@ -25,6 +25,7 @@ import specmm
 from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
 from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
+from specmm.bench.ties import logit_tie_judge
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
 from specmm.ssm import SSMTarget
@@ -103,7 +104,8 @@ def bench_ssm(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_
     device = next(target.parameters()).device
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
-                                      repeats=setup.repeats, warmup=setup.warmup, progress=progress)
+                                      repeats=setup.repeats, warmup=setup.warmup, progress=progress,
+                                      ties=logit_tie_judge(target, input_ids, attention_mask))
     repetition, warnings = output_repetition(outputs)
     info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
             "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
