@@ -51,7 +51,7 @@ class Drafter(Protocol):
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
         """A [B] batch of trees under `roots`. A drafter whose class sets `processes_drafts = True` also takes
         `process` (`tree.ProcessDrafts`): the target's generation_config processors, to apply to its draft logits
-        before it picks tokens; the engine passes it for chains and dynamic trees when the target has processors."""
+        before it picks tokens; the engine passes it when the target has processors."""
         ...
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:

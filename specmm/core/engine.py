@@ -287,7 +287,7 @@ class SpeculativeGenerator:
         target, drafter, timer = self.target, self.drafter, self.timer
         if timer is not None:
             timer.mark("other")  # the loop's bookkeeping since the last round
-        if self.processor is not None and getattr(drafter, "processes_drafts", False) and self.tree.kind != "static":
+        if self.processor is not None and getattr(drafter, "processes_drafts", False):
             process = functools.partial(self.processor.process_paths, history=history)  # drafts follow the rules
             tree = drafter.draft(roots, self.tree, sampling, generators, process=process)
         else:

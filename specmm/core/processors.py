@@ -16,7 +16,7 @@ top_p) are not read here: the engine's `sampling` argument decides how tokens ar
 epsilon/eta cutoffs and top_h have no SamplingConfig equivalent and are refused by that constructor.
 
 Drafters that declare `processes_drafts` (model drafters, EAGLE and the VLM heads) draft under the same rules
-(`process_paths`, each candidate after its own path), chains and dynamic trees: a draft is exact as long as the
+(`process_paths`, each candidate after its own path), in every tree kind: a draft is exact as long as the
 draft distribution handed to acceptance is the one the draft was sampled from, so processing drafts only changes
 how often they are accepted (a draft model that knows the target's rules no longer proposes a banned n-gram).
 """

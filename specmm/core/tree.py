@@ -193,12 +193,12 @@ def grow_tree(spec: TreeSpec, roots: Tensor, root_logits: Tensor, expand: Expand
               sampling: SamplingConfig, generators: Generators = None, compiled: bool = False,
               process: ProcessDrafts | None = None) -> DraftTree:
     """Build a [B] batch of draft trees under `roots` from a drafter step function. `compiled` (compiled
-    rounds): a dynamic tree's work between drafter runs runs as compiled graphs. `process` (chains and dynamic
-    trees): the target's logits processors, applied to the draft logits after each node before tokens are picked."""
+    rounds): a dynamic tree's work between drafter runs runs as compiled graphs. `process`: the target's logits
+    processors, applied to the draft logits after each node before tokens are picked."""
     if spec.kind == "chain":
         return _grow_chain(spec, roots, root_logits, expand, sampling, generators, process)
     if spec.kind == "static":
-        return _grow_static(spec, roots, root_logits, expand)
+        return _grow_static(spec, roots, root_logits, expand, process)
     return _grow_dynamic(spec, roots, root_logits, expand, compiled, process)
 
 
@@ -238,7 +238,7 @@ def _grow_chain(spec, roots, root_logits, expand, sampling, generators, process=
                      draft_probs=draft_probs, node_slots=slots)
 
 
-def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
+def _grow_static(spec, roots, root_logits, expand, process=None) -> DraftTree:
     """Node i takes the rank-th best token of its parent; only nodes with children are run."""
     parents, ranks, depths = spec.static_layout
     batch, nodes, device = roots.shape[0], len(parents), roots.device
@@ -246,7 +246,7 @@ def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
     for p in parents[1:]:
         has_children[p] = True
     candidates = torch.zeros(batch, nodes, spec.top_k, dtype=torch.long, device=device)  # [B, T, K]
-    candidates[:, 0] = root_logits.topk(spec.top_k, dim=-1).indices
+    candidates[:, 0] = _processed_root(root_logits, process).topk(spec.top_k, dim=-1).indices
     tokens = torch.zeros(batch, nodes, dtype=torch.long, device=device)
     tokens[:, 0] = roots
     slots = [-1] * nodes
@@ -261,6 +261,9 @@ def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
         if run:
             parent_slots = torch.tensor([slots[parents[i]] for i in run], device=device).expand(batch, -1)
             logits = expand(tokens[:, run], parent_slots)  # [B, n, V]
+            if process is not None:
+                path_idx = torch.tensor([_path_below_root(parents, i) for i in run], device=device)  # [n, level]
+                logits = process(logits, tokens[:, path_idx])
             candidates[:, run] = logits.topk(spec.top_k, dim=-1).indices
             for i in run:
                 slots[i] = next_slot
@@ -269,6 +272,15 @@ def _grow_static(spec, roots, root_logits, expand) -> DraftTree:
     return DraftTree(tokens=tokens, parents=as_tensor(parents), depth=as_tensor(depths),
                      valid=torch.ones(batch, nodes, dtype=torch.bool, device=device), max_depth=spec.depth,
                      max_children=spec.top_k, node_slots=as_tensor(slots))
+
+
+def _path_below_root(parents: list[int], node: int) -> list[int]:
+    """The nodes from depth 1 down to `node` of a static layout (`parents[0]` is the root's, -1)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def _grow_dynamic(spec, roots, root_logits, expand, compiled: bool = False, process=None) -> DraftTree:
