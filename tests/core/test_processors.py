@@ -260,7 +260,8 @@ def test_drafts_follow_the_processors_so_a_draft_equal_to_the_target_is_always_a
         drafter = ModelDrafter(configured(**settings()["all"]))  # the target's weights
         if not processed:
             drafter.processes_drafts = False  # the engine then drafts without the processors
-        gen = specmm.SpeculativeGenerator(target, drafter, tree=specmm.TreeSpec.chain(3), compile=compile)
+        gen = specmm.SpeculativeGenerator(target, drafter, tree=specmm.TreeSpec.chain(3),
+                                          compile=compile and processed)  # the unprocessed reference: eager
         out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW)
         assert torch.equal(out.sequences, expected)
         accepted[processed] = out.stats.mean_accepted
