@@ -24,7 +24,8 @@ def run(spec, processed):
     if not processed: d.processes_drafts = False
     g = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode="closed_form"), d, tree=spec, compile=True)
     t = time.perf_counter()
-    out = g.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=64, pad_token_id=tok.pad_token_id)
+    out = g.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=64,
+                     pad_token_id=tok.pad_token_id)
     return time.perf_counter() - t, out.stats.mean_accepted
 with torch.no_grad():
     for name, spec in specs.items():

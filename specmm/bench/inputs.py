@@ -86,7 +86,10 @@ def zoo_code_drafters(data: BenchInputs, drafts: list[str], scale: str, device, 
     factories = {}
     for name in wanted:
         drafter = code_drafts.load(path, name, data.target, device, dtype)
-        factories[name] = eagle_factory(drafter, data.target) if name == "eagle" else (lambda model=drafter: ModelDrafter(model))
+        if name == "eagle":
+            factories[name] = eagle_factory(drafter, data.target)
+        else:
+            factories[name] = lambda model=drafter: ModelDrafter(model)
         figures = record[name]
         data.description[f"{name} drafter"] = (
             f"zoo code-drafts-{scale}/{name}: {figures['parameters'] / 1e6:.2f}M params, {figures['steps']} steps; "

@@ -49,7 +49,8 @@ class BenchRow:
             return "n/a"
         if self.matched:
             return "yes"
-        return f"ties ({self.near_tie_rows})" if self.differing_rows and self.near_tie_rows == self.differing_rows else "NO"
+        all_tied = self.differing_rows and self.near_tie_rows == self.differing_rows
+        return f"ties ({self.near_tie_rows})" if all_tied else "NO"
 
 
 def compare_with_best_ar(rows: list[BenchRow]) -> BenchRow | None:

@@ -74,7 +74,8 @@ def _bench_core(args, device, name) -> int:
             data = sources.from_paths(args.target, args.draft, args.prompts, args.batch_size, device, args.dtype)
         if args.eagle:
             with loading("--eagle", args.eagle):
-                drafters["eagle"] = sources.eagle_factory(EagleDrafter.from_pretrained(args.eagle, data.target), data.target)
+                eagle = EagleDrafter.from_pretrained(args.eagle, data.target)
+            drafters["eagle"] = sources.eagle_factory(eagle, data.target)
             data.description["eagle"] = args.eagle
     else:
         data = sources.from_zoo(args.zoo, args.scale, args.batch_size, device, args.dtype)

@@ -202,7 +202,6 @@ def grow_tree(spec: TreeSpec, roots: Tensor, root_logits: Tensor, expand: Expand
     return _grow_dynamic(spec, roots, root_logits, expand, compiled, process)
 
 
-
 def _processed_root(root_logits: Tensor, process: ProcessDrafts | None) -> Tensor:
     """root_logits [B, V], processed after the root alone (a path of no tokens)."""
     if process is None:
