@@ -54,9 +54,8 @@ def logit_tie_judge(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
 def count_ties(reference: list[list[int]], rows: list[list[int]], judge: TieJudge) -> tuple[int, int]:
     """(rows that differ from the reference, of them those whose first difference the judge calls a near-tie)."""
     differing = [i for i, (expected, got) in enumerate(zip(reference, rows)) if expected != got]
-    differing += list(range(min(len(reference), len(rows)), max(len(reference), len(rows))))
-    ties = sum(judge(i, reference[i], rows[i]) for i in differing if i < min(len(reference), len(rows)))
-    return len(differing), ties
+    missing = abs(len(reference) - len(rows))  # rows only one side has: they differ, and there is nothing to judge
+    return len(differing) + missing, sum(judge(i, reference[i], rows[i]) for i in differing)
 
 
 __all__ = ["RELATIVE_GAP", "TieJudge", "count_ties", "first_difference", "logit_tie_judge"]

@@ -150,10 +150,17 @@ def make_model(size: dict, tokenizer: PreTrainedTokenizerFast, max_positions: in
 
 
 @torch.no_grad()
-def greedy_agreement(target, draft, prompts: torch.Tensor, new_tokens: int) -> float:
-    """Share of positions where the draft's argmax equals the target's greedy token, on the target's own text."""
-    out = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=target.config.pad_token_id)
+def greedy_text(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """[N, P + new_tokens]: the target's greedy continuation of each prompt [N, P], exactly `new_tokens` long."""
+    return target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=target.config.pad_token_id)
+
+
+@torch.no_grad()
+def greedy_agreement(target, draft, prompts: torch.Tensor, new_tokens: int, text: torch.Tensor | None = None) -> float:
+    """Share of positions where the draft's argmax equals the target's greedy token, on the target's own text
+    (`text`: `greedy_text(target, prompts, new_tokens)` when already at hand)."""
+    out = greedy_text(target, prompts, new_tokens) if text is None else text
     predicted = draft(input_ids=out[:, :-1]).logits.argmax(-1)[:, prompts.shape[1] - 1:]
     return (predicted == out[:, prompts.shape[1]:]).float().mean().item()
 

@@ -44,11 +44,11 @@ RECIPES = {
 
 
 @torch.no_grad()
-def eagle_agreement(drafter: EagleDrafter, target, prompts: torch.Tensor, new_tokens: int) -> float:
+def eagle_agreement(drafter: EagleDrafter, target, prompts: torch.Tensor, new_tokens: int,
+                    text: torch.Tensor | None = None) -> float:
     """Share of positions where the head's first draft (from the target's true features) is the target's greedy
-    token, on the target's own text: `code.greedy_agreement` for an EAGLE head."""
-    out = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=target.config.pad_token_id)
+    token, on the target's own text (`text`, as in `code.greedy_agreement`): that figure for an EAGLE head."""
+    out = code.greedy_text(target, prompts, new_tokens) if text is None else text
     features = target_features(target, out, torch.ones_like(out))
     # pair t = (feature f_t, token x_{t+1}) predicts f_{t+1}, whose LM head argmax is the draft of x_{t+2}
     hidden = drafter.head(drafter.embed_tokens(out[:, 1:-1]), features[:, :-2]).last_hidden_state
@@ -70,11 +70,12 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     tokens = code.corpus_tokens(tokenizer, code_record["recipe"], work)
     ev = code_record["recipe"]["eval"]
     prompts = code.heldout_prompts(tokenizer, tokens["heldout"], ev["prompts"], ev["prompt_tokens"]).to(device)
+    text = code.greedy_text(models.target, prompts, ev["new_tokens"])  # every agreement below reads it
     record = {"code": str(code_dir), "drafters": {}}
 
     torch.manual_seed(seed)  # the head's initial weights; feature noise draws resume from the checkpointed state
     eagle, schedule = EagleDrafter.for_target(models.target), recipe["eagle"]
-    before = eagle_agreement(eagle, models.target, prompts, ev["new_tokens"])
+    before = eagle_agreement(eagle, models.target, prompts, ev["new_tokens"], text)
     windows = text_windows(tokens["train"], schedule["batch_size"], schedule["seq_len"], seed + 30)
     config = EagleTrainConfig(**{k: schedule[k] for k in ("steps", "lr", "warmup_steps", "checkpoint_every")})
     losses = train_eagle(eagle, models.target, windows, config, checkpoint_dir=work / "eagle", progress=progress)
@@ -82,7 +83,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     record["drafters"]["eagle"] = {
         "parameters": sum(p.numel() for p in eagle.head.parameters()), **_schedule_figures(schedule, losses),
         "greedy_agreement_before": before,
-        "greedy_agreement": eagle_agreement(eagle, models.target, prompts, ev["new_tokens"])}
+        "greedy_agreement": eagle_agreement(eagle, models.target, prompts, ev["new_tokens"], text)}
 
     schedule = recipe["distilled"]
     heldout = text_windows(tokens["heldout"], ev["windows"], ev["seq_len"], seed)(0).to(device)
@@ -99,7 +100,7 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
         "parameters": sum(p.numel() for p in draft.parameters()), **_schedule_figures(schedule, losses),
         "heldout_kl_before": kl_before, "heldout_kl": heldout_comparison(draft, models.target, heldout)["kl"],
         "greedy_agreement_before": code_record["greedy_agreement"],
-        "greedy_agreement": code.greedy_agreement(models.target, draft, prompts, ev["new_tokens"])}
+        "greedy_agreement": code.greedy_agreement(models.target, draft, prompts, ev["new_tokens"], text)}
     return record
 
 
