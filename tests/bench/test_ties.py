@@ -8,7 +8,7 @@ import torch
 
 from specmm.bench.harness import Method, RunResult, run_benchmark
 from specmm.bench.report import BenchReport
-from specmm.bench.ties import count_ties, first_difference, logit_tie_judge
+from specmm.bench.ties import count_ties, first_difference, logit_tie_judge, processed_next_scores
 from tests.conftest import tiny_model
 
 
@@ -66,3 +66,25 @@ def test_a_bench_row_that_differs_only_at_near_ties_reads_ties():
         (True, 0, 0, "yes"), (False, 1, 1, "ties (1)"), (False, 2, 1, "NO")]
     report = BenchReport(name="t", command="c", rows=rows, setup={})
     assert "| ties (1) |" in report.table() and "near-tie of the target" in report.legend()
+
+
+def test_under_a_repetition_penalty_the_judge_reads_the_processed_scores():
+    """Raw logits of two tokens within the allowed gap, one of them in the prompt: the penalty moves that one, and
+    HF chose between the processed scores, so the judge reads those (HF's own) and calls it a mismatch."""
+    model = tiny_model("llama", dtype=torch.float32).eval()
+    prompt = torch.tensor([[5, 9, 13]])
+    mask = torch.ones_like(prompt)
+    with torch.no_grad():
+        logits = model(input_ids=prompt).logits[0, -1]
+    seen = 9  # a prompt token, and the token whose raw logit is nearest to it
+    distance = (logits - logits[seen]).abs()
+    distance[prompt[0]] = torch.inf
+    near = int(distance.argmin())
+    allowed = 1.5 * distance[near].item() / max(1.0, logits.abs().max().item())
+    assert logit_tie_judge(model, prompt, mask, relative_gap=allowed)(0, [seen], [near])  # raw: a tie
+    model.generation_config.repetition_penalty = 50.0
+    scores = processed_next_scores(model, prompt, 0)
+    expected = logits.clone()
+    expected[prompt[0]] = torch.where(logits[prompt[0]] < 0, logits[prompt[0]] * 50.0, logits[prompt[0]] / 50.0)
+    assert torch.allclose(scores, expected, atol=1e-5)  # HF's processed scores
+    assert not logit_tie_judge(model, prompt, mask, relative_gap=allowed)(0, [seen], [near])
