@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from specmm.core.draft_distill import distill_draft, heldout_comparison
 from specmm.jobs import atomic_writer
 from specmm.zoo.lm_training import (
     GPU_TRAINING,
@@ -163,6 +164,21 @@ def greedy_agreement(target, draft, prompts: torch.Tensor, new_tokens: int, text
     out = greedy_text(target, prompts, new_tokens) if text is None else text
     predicted = draft(input_ids=out[:, :-1]).logits.argmax(-1)[:, prompts.shape[1] - 1:]
     return (predicted == out[:, prompts.shape[1]:]).float().mean().item()
+
+
+def distil_and_save(draft, target, windows, config, heldout: torch.Tensor, tokenizer, dest: Path, work: Path,
+                    progress: bool) -> dict:
+    """Distil `draft` onto `target` (`distill_draft`, resumable from `work`), save it with the tokenizer into `dest`
+    like a user's model folder, and return its held-out KL before and after and its training losses."""
+    kl_before = heldout_comparison(draft, target, heldout)["kl"]
+    losses = distill_draft(draft, target, windows, config, checkpoint_dir=work, progress=progress)
+    draft.generation_config.pad_token_id = tokenizer.pad_token_id
+    device = next(draft.parameters()).device
+    draft.to("cpu").save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    draft.to(device)
+    kl_after = heldout_comparison(draft, target, heldout)["kl"]
+    return {"losses": losses, "heldout_kl_before": kl_before, "heldout_kl": kl_after}
 
 
 def heldout_prompts(tokenizer, heldout: torch.Tensor, count: int, length: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from specmm.core.draft_distill import DistillConfig, distill_draft, heldout_comparison, text_windows
+from specmm.core.draft_distill import DistillConfig, text_windows
 from specmm.core.eagle import EagleDrafter
 from specmm.core.eagle_train import EagleTrainConfig, target_features, train_eagle
 from specmm.zoo import code
@@ -87,17 +87,13 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     schedule = recipe["distilled"]
     heldout = text_windows(tokens["heldout"], ev["windows"], ev["seq_len"], seed)(0).to(device)
     draft = models.draft
-    kl_before = heldout_comparison(draft, models.target, heldout)["kl"]
     windows = text_windows(tokens["train"], schedule["batch_size"], schedule["seq_len"], seed + 31)
     config = DistillConfig(**{k: schedule[k] for k in ("steps", "lr", "warmup_steps", "checkpoint_every")})
-    losses = distill_draft(draft, models.target, windows, config, checkpoint_dir=work / "distilled", progress=progress)
-    draft.generation_config.pad_token_id = tokenizer.pad_token_id
-    draft.to("cpu").save_pretrained(dest / "distilled")
-    tokenizer.save_pretrained(dest / "distilled")
-    draft.to(device)
+    distilled = code.distil_and_save(draft, models.target, windows, config, heldout, tokenizer, dest / "distilled",
+                                     work / "distilled", progress)
     record["drafters"]["distilled"] = {
-        "parameters": sum(p.numel() for p in draft.parameters()), **_schedule_figures(schedule, losses),
-        "heldout_kl_before": kl_before, "heldout_kl": heldout_comparison(draft, models.target, heldout)["kl"],
+        "parameters": sum(p.numel() for p in draft.parameters()), **_schedule_figures(schedule, distilled["losses"]),
+        "heldout_kl_before": distilled["heldout_kl_before"], "heldout_kl": distilled["heldout_kl"],
         "greedy_agreement_before": code_record["greedy_agreement"],
         "greedy_agreement": code.greedy_agreement(models.target, draft, prompts, ev["new_tokens"], text)}
     return record

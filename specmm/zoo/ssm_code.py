@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from specmm.core.draft_distill import DistillConfig, distill_draft, heldout_comparison, text_windows
+from specmm.core.draft_distill import DistillConfig, text_windows
 from specmm.zoo import code
 from specmm.zoo.lm_training import (
     GPU_TRAINING_EAGER,
@@ -172,17 +172,13 @@ def build_drafts(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     for offset, role in enumerate(ROLES):
         target, _, _ = load(ssm_dir, role, device)
         draft = AutoModelForCausalLM.from_pretrained(code_dir / "draft", attn_implementation="sdpa").to(device)
-        before = heldout_comparison(draft, target, heldout)["kl"]
         windows = text_windows(tokens["train"], recipe["batch_size"], recipe["seq_len"], seed + 20 + offset)
-        distill_draft(draft, target, windows, config, checkpoint_dir=work / role, progress=progress)
-        draft.generation_config.pad_token_id = tokenizer.pad_token_id
-        draft.to("cpu").save_pretrained(dest / role)
-        tokenizer.save_pretrained(dest / role)
-        draft.to(device)
+        distilled = code.distil_and_save(draft, target, windows, config, heldout, tokenizer, dest / role, work / role,
+                                         progress)
         record["drafts"][role] = {
             "parameters": sum(p.numel() for p in draft.parameters()), "steps": config.steps,
             "tokens_seen": config.steps * recipe["batch_size"] * recipe["seq_len"],
-            "heldout_kl_before": before, "heldout_kl": heldout_comparison(draft, target, heldout)["kl"],
+            "heldout_kl_before": distilled["heldout_kl_before"], "heldout_kl": distilled["heldout_kl"],
             "greedy_agreement_before": ssm_record["models"][role]["greedy_agreement_with_code_draft"],
             "greedy_agreement": code.greedy_agreement(target, draft, prompts, ev["new_tokens"])}
     return record
