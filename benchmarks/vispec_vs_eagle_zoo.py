@@ -1,7 +1,7 @@
 """Can the zoo's ViSpec drafter accept more tokens than its EAGLE drafter? Recipe variants, trained and measured.
 
-Run: `OMP_NUM_THREADS=2 python benchmarks/vispec_vs_eagle_zoo.py --work W` (after `specmm zoo build
-captioner-drafters --scale cpu`). Each variant is the `captioner-drafters` cpu recipe restricted to one method
+Run: `OMP_NUM_THREADS=2 python benchmarks/vispec_vs_eagle_zoo.py --work W [--scale cpu-long] [--variants ...]`
+(after `specmm zoo build captioner-drafters --scale cpu`, or `cpu-long`: the captioner with 144 image tokens). Each variant is the `captioner-drafters` cpu recipe restricted to one method
 (`captioner_drafters.only`, seeded as in the full entry) with the variant's changes, built into W/<variant>
 (skipped when already there). Every drafter, the zoo entry's own included, then drafts greedy chains of length
 k over the first `--scenes` held-out scenes (batch 8, 160 new tokens, eager: acceptance does not depend on the
@@ -44,8 +44,8 @@ def folder(name: str) -> str:
     return name.replace(" ", "_").replace(",", "").replace("=", "")
 
 
-def build_variant(dest: Path, method: str, changes: dict) -> dict:
-    recipe = captioner_drafters.only(method)["cpu"]
+def build_variant(dest: Path, method: str, changes: dict, scale: str = "cpu") -> dict:
+    recipe = captioner_drafters.only(method)[scale]
     for key, value in changes.items():
         recipe[key] = {**recipe[key], **value} if isinstance(value, dict) else value
     record_path = dest / "record.json"
@@ -102,16 +102,23 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=32)
     parser.add_argument("--k", type=int, nargs="+", default=[4, 6])
     parser.add_argument("--check-scenes", type=int, default=8)
+    parser.add_argument("--scale", default="cpu", help="captioner and captioner-drafters scale (cpu-long: 144 "
+                        "image tokens)")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="recipe variants to build and measure besides the zoo entry's own drafters")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    models = captioner.load(zoo.path("captioner", "cpu"))
-    zoo_drafters = zoo.path("captioner-drafters", "cpu")
-    rows = {f"{m} (zoo recipe: 330 steps)": (zoo_drafters, m, zoo.record("captioner-drafters", "cpu")["methods"][m])
-            for m in ("eagle", "vispec")}
-    for name, (method, changes) in VARIANTS.items():
+    models = captioner.load(zoo.path("captioner", args.scale))
+    zoo_drafters = zoo.path("captioner-drafters", args.scale)
+    record = zoo.record("captioner-drafters", args.scale)
+    rows = {f"{m} (zoo recipe: {record['recipe']['multimodal']['steps']} steps)":
+            (zoo_drafters, m, record["methods"][m]) for m in ("eagle", "vispec")}
+    for name in args.variants:
+        method, changes = VARIANTS[name]
         print(f"building {name}", file=sys.stderr, flush=True)
-        rows[name] = (args.work / folder(name), method, build_variant(args.work / folder(name), method, changes))
-    seeds = heldout_seeds("cpu")[: args.scenes]
+        rows[name] = (args.work / folder(name), method,
+                      build_variant(args.work / folder(name), method, changes, args.scale))
+    seeds = heldout_seeds(args.scale)[: args.scenes]
     lines = ["| drafter | parameters | stage-2 train top-1 | " + " | ".join(
         f"k={k}: mean accepted | k={k}: P(depth d \\| d-1), d=1..{k}" for k in args.k) + " |",
              "|---|---:|---:|" + "---:|---|" * len(args.k)]

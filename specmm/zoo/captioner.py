@@ -64,6 +64,19 @@ RECIPES = {
                 draft_train=dict(steps=600, batch_size=16, seq_len=0, lr=3e-3, warmup_steps=30,
                                  checkpoint_every=100),
                 eval=dict(scenes=64, max_new_tokens=220)),
+    # ViSpec's case on the CPU: the `cpu` captioner with 8 px patches, so an image is 144 tokens instead of 9 (a
+    # one-layer drafter then attends over more image than caption, as with LLaVA's 576); same text model and steps
+    "cpu-long": dict(aux_weight=1.0, image_size=96, patch_size=8, vocab_size=512, tokenizer_captions=20_000,
+                     vision=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=3, num_attention_heads=8),
+                     text=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+                               num_key_value_heads=3),
+                     draft=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2),
+                     target_train=dict(steps=2300, batch_size=8, seq_len=0, lr=1.5e-3, warmup_steps=50,
+                                       checkpoint_every=100),
+                     draft_train=dict(steps=600, batch_size=16, seq_len=0, lr=3e-3, warmup_steps=30,
+                                      checkpoint_every=100),
+                     eval=dict(scenes=64, max_new_tokens=220)),
     # the `vlm` step on one H100 (untested: no GPU run yet): LLaVA target ~95M params (12-layer 768-wide Llama +
     # 6-layer ViT), 3000 steps x 64 captions of ~250 tokens = 48M tokens: 6 x 95M x 48M = 2.7e16 FLOPs, ~1.2 min at
     # 400 TFLOP/s; bf16 autocast and fused AdamW, eager (the LLaVA forward with image features is not compiled here).
@@ -135,16 +148,21 @@ ATTRIBUTES = {"shape": ("empty", *scenes.SHAPES), "colour": ("empty", *scenes.CO
               "row": scenes.ROWS, "column": scenes.COLUMNS}
 
 
-def cell_labels(scene: scenes.Scene) -> torch.Tensor:
-    """[9, 6] per grid cell: shape, colour, size, texture (0 = empty cell), then the cell's row and column."""
-    labels = torch.zeros(9, len(ATTRIBUTES), dtype=torch.long)
-    labels[:, 4] = torch.arange(9) // 3
-    labels[:, 5] = torch.arange(9) % 3
+def cell_labels(scene: scenes.Scene, patches_per_side: int = 3) -> torch.Tensor:
+    """[P, 6] per image patch (P = patches_per_side^2, row-major): the shape, colour, size and texture of the
+    object in the patch's scene cell (0 = empty cell), then that cell's row and column. A patch grid finer than
+    the 3x3 scene grid (a multiple of 3 per side) labels every patch of a cell with the cell's object."""
+    if patches_per_side % 3:
+        raise ValueError(f"patches_per_side must be a multiple of the scene grid (3), got {patches_per_side}")
+    cell_labels_3x3 = torch.zeros(9, len(ATTRIBUTES), dtype=torch.long)
+    cell_labels_3x3[:, 4] = torch.arange(9) // 3
+    cell_labels_3x3[:, 5] = torch.arange(9) % 3
     for obj in scene.objects:
         cell = obj.cell[0] * 3 + obj.cell[1]
         for j, name in enumerate(("shape", "colour", "size", "texture")):
-            labels[cell, j] = ATTRIBUTES[name].index(getattr(obj, name))
-    return labels
+            cell_labels_3x3[cell, j] = ATTRIBUTES[name].index(getattr(obj, name))
+    cell_of_patch = torch.arange(patches_per_side) * 3 // patches_per_side  # [side] scene row/column of a patch
+    return cell_labels_3x3[(cell_of_patch[:, None] * 3 + cell_of_patch[None, :]).flatten()]
 
 
 class CaptionerTraining(nn.Module):
@@ -170,13 +188,13 @@ class CaptionerTraining(nn.Module):
         self.vision_heads = nn.Linear(llava.config.vision_config.hidden_size, sum(self.groups))
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        cells = batch["cell_labels"]  # [B, 9, 6]
+        cells = batch["cell_labels"]  # [B, P, 6] per image patch
         inputs = {k: v for k, v in batch.items() if k not in ("labels", "cell_labels")}
         caption_loss = next_token_loss(self.llava(**inputs).logits, batch["labels"])
         model = self.llava.model
         vision = model.vision_tower(batch["pixel_values"], output_hidden_states=True).hidden_states[-1][:, 1:]
-        projected = model.multi_modal_projector(vision)  # [B, 9, H] image tokens as the LM sees them
-        tied = projected @ self.llava.get_input_embeddings()(self.word_ids).T  # [B, 9, sum(classes)]
+        projected = model.multi_modal_projector(vision)  # [B, P, H] image tokens as the LM sees them
+        tied = projected @ self.llava.get_input_embeddings()(self.word_ids).T  # [B, P, sum(classes)]
         aux = sum(self._grouped_loss(scores, cells) for scores in (tied, self.vision_heads(vision)))
         return caption_loss + self.aux_weight * aux
 
@@ -211,7 +229,8 @@ def caption_batches(processor: LlavaProcessor, recipe: dict, config: LMTrainConf
         batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
         if with_images:
             batch["pixel_values"] = enc["pixel_values"]
-            batch["cell_labels"] = torch.stack([cell_labels(scene) for scene, _ in pairs])
+            side = recipe["image_size"] // recipe["patch_size"]
+            batch["cell_labels"] = torch.stack([cell_labels(scene, side) for scene, _ in pairs])
         return batch
 
     return make_batch

@@ -26,6 +26,11 @@ RECIPES = {
                 method_options={"flash": {"num_latents": 4, "sar_steps": 3}},  # 9 image tokens -> 4
                 text=dict(steps=120, lr=1e-3, warmup_steps=20, checkpoint_every=60),
                 multimodal=dict(steps=330, lr=1e-3, warmup_steps=20, checkpoint_every=60)),
+    # EAGLE against ViSpec on the 144-token `cpu-long` captioner, with the `cpu` recipe's steps
+    "cpu-long": dict(captioner_scale="cpu-long", scenes=512, batch_size=8, max_new_tokens=220,
+                     methods=["eagle", "vispec"],
+                     text=dict(steps=120, lr=1e-3, warmup_steps=20, checkpoint_every=60),
+                     multimodal=dict(steps=330, lr=1e-3, warmup_steps=20, checkpoint_every=60)),
     "gpu": dict(device="cuda", captioner_scale="gpu", scenes=4096, batch_size=32, max_new_tokens=220,
                 methods=list(METHODS),
                 method_options={"flash": {"num_latents": 12, "sar_steps": 3}},  # 36 image tokens -> 12
