@@ -270,6 +270,7 @@ class CompiledRound:
         raise_recompile_limits()
         self.compiled = compile_static(step, mode, fullgraph=True)
         self.failed: str | None = None  # why the round could not compile whole, once it could not
+        self.repeating_tapes: set[tuple] = set()  # first rounds whose draws the second repeated (`taped_rounds`)
 
     def __call__(self, *args, **kwargs):
         if self.failed is not None:
@@ -289,18 +290,40 @@ class CompiledRound:
         return out
 
 
-def taped_rounds(per_part, whole, device: torch.device):
-    """Sampled compiled rounds: the first runs `per_part` and records its draws on a `DrawTape`; every later one
-    makes those draws eagerly from the same generators in the same order, then runs `whole` (one graph) reading
-    them from the tape. Step signature: (roots, sampling, generators, *rest)."""
+def taped_rounds(per_part, whole, device: torch.device, repeating: set[tuple] | None = None, key: tuple = ()):
+    """Sampled compiled rounds read their draws from a `DrawTape`, made eagerly from the generators before each round
+    in eager mode's order, so `whole` (one graph) can run them. Step signature: (roots, sampling, generators, *rest).
+
+    1. The first round runs `per_part` and records its draws.
+    2. If a first round of this kind (`key`, e.g. the drafter's settings) drew exactly these before and the round
+       after it drew the same, that is known (`repeating`, kept by the caller across generations): every later
+       round runs `whole` on this tape.
+    3. Else the second round runs `per_part` too and records its own tape (some proposers draw differently in their
+       first round: a Jacobi window starts from fresh tokens); if it drew as the first, `repeating` learns it.
+    4. Every later round refills the tape and runs `whole`.
+    """
+    repeating = set() if repeating is None else repeating
     tape: DrawTape | None = None
+    first: tuple | None = None  # (key, the first round's draws) until the second round has run
 
     def step(roots, sampling, generators, *rest):
-        nonlocal tape
-        if tape is None:
+        nonlocal tape, first
+        if tape is None:  # 1.
             tape = DrawTape(generators, device)
-            return per_part(roots, sampling, tape, *rest)
-        tape.refill()
+            out = per_part(roots, sampling, tape, *rest)
+            first = (key, tuple(tape.entries))
+            if first in repeating:  # 2.
+                first = None
+            else:
+                tape = DrawTape(generators, device)  # 3. the second round records
+            return out
+        if first is not None:  # 3.
+            out = per_part(roots, sampling, tape, *rest)
+            if tuple(tape.entries) == first[1]:
+                repeating.add(first)
+            first = None
+            return out
+        tape.refill()  # 4.
         out = whole(roots, sampling, tape, *rest)
         tape.finish()
         return out

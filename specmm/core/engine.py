@@ -411,6 +411,7 @@ class SpeculativeGenerator:
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
             step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
+            step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
             while True:
                 history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
                 result, flags = step(roots, sampling, generators, alive, history, out, counts, rounds, histogram,
@@ -424,6 +425,7 @@ class SpeculativeGenerator:
                     break
             return out, counts, rounds, histogram, self._finish(stats, moved)
         step, later_step = self.step, self._round_step(sampling)
+        step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
             result = step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
@@ -449,8 +451,8 @@ class SpeculativeGenerator:
     def whole_round(self) -> bool | None:
         """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
         after a trace that failed, with one RuntimeWarning naming why); None until a compiled generation has run
-        one. Sampled rounds read their draws from a `DrawTape`, so they run as one graph too, from the third round
-        on."""
+        one. Sampled rounds read their draws from a `DrawTape`, so they run as one graph too, from the second round on
+        where the first round draws as the later ones do (see `taped_rounds`), else from the third."""
         if self._compiled_round is None:
             return None
         return self._compiled_round.failed is None
@@ -472,7 +474,10 @@ class SpeculativeGenerator:
         step = recorded_round if recorded else undecorated_step(type(self))
         self._compiled_round = shared_round(step, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
-        return whole if sampling.greedy else taped_rounds(per_part, whole, self.target.device)
+        if sampling.greedy:
+            return whole
+        return taped_rounds(per_part, whole, self.target.device, self._compiled_round.repeating_tapes,
+                            settings_key(self.drafter))
 
     def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
                 max_new_tokens, criteria, pad, streamer, batch, alive=None):

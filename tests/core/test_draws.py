@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specmm.core.compiled import taped_rounds
 from specmm.core.draws import DrawTape, draw
 from specmm.core.sampling import exponential, uniform
 
@@ -61,3 +62,39 @@ def test_a_round_that_asks_for_other_draws_than_recorded_is_refused():
 def test_per_row_generators_must_match_the_batch():
     with pytest.raises(ValueError, match="expected 3 per-row generators, got 2"):
         draw("exponential", 3, (5,), seeded()[:2], CPU)
+
+
+def first_differs(generators, round_index: int) -> list[torch.Tensor]:
+    """Like a Jacobi window: the first round draws fresh tokens (uniform), later rounds noise (exponential)."""
+    return [uniform(3, (4,), generators, CPU)] if round_index == 0 else a_round(generators)
+
+
+@pytest.mark.parametrize("make_round, expected_calls", [
+    (lambda generators, index: a_round(generators),
+     [["part", "part", "whole", "whole"], ["part", "whole", "whole", "whole"]]),
+    (first_differs, [["part", "part", "whole", "whole"], ["part", "part", "whole", "whole"]]),
+])
+def test_taped_rounds_run_whole_from_the_second_round_once_the_first_is_known_to_repeat(make_round, expected_calls):
+    """Generation 1 learns whether a first round draws as the second; generation 2 then runs whole from round 2.
+    Every round sees exactly the draws eager mode makes from the same seeds."""
+    repeating: set[tuple] = set()
+    for generation, expected in enumerate(expected_calls):
+        calls, seen, index = [], [], {"round": 0}
+
+        def runner(name):
+            def run(roots, sampling, generators):
+                calls.append(name)
+                seen.append([d.clone() for d in make_round(generators, index["round"])])
+                index["round"] += 1
+            return run
+
+        step = taped_rounds(runner("part"), runner("whole"), CPU, repeating, key=("drafter",))
+        generators = seeded()
+        for _ in range(4):
+            step(None, None, generators)
+        assert calls == expected, generation
+        eager_gens = seeded()
+        for round_index, taped_round in enumerate(seen):
+            for expected_draw, got in zip(make_round(eager_gens, round_index), taped_round):
+                assert torch.equal(got, expected_draw)
+    assert len(repeating) == (make_round is not first_differs)
