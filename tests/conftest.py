@@ -7,6 +7,10 @@ import fcntl
 import json
 import os
 import tempfile
+
+# inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off
+# here but for the tests that enable it (`cpp_wrapper` fixture), set before specmm is imported
+os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
 from contextlib import contextmanager
 from pathlib import Path
 

@@ -42,7 +42,8 @@ def hf_static_compile_kwargs(model: nn.Module) -> dict:
 
     The same `CompileConfig` object serves every call on `model` (HF recompiles when the config changes). Mode
     `reduce-overhead` (CUDA graphs, HF's default) on CUDA, as specmm's compiled mode uses; inductor's default on
-    other devices, where HF would not compile without `_compile_all_devices`. The backend is specmm's compiled
+    other devices, where HF would not compile without `_compile_all_devices`, with the same inductor options as
+    specmm's rows (`compiled.inductor_options`: the C++ wrapper on a CPU machine). The backend is specmm's compiled
     mode's (`specmm.core.compiled.BACKEND`: inductor unless a test asks for `aot_eager`).
     """
     config = getattr(model, "_specmm_bench_compile_config", None)
@@ -52,8 +53,11 @@ def hf_static_compile_kwargs(model: nn.Module) -> dict:
         from specmm.core import compiled
 
         cuda = next(model.parameters()).device.type == "cuda"
-        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if cuda else "default",
-                               backend=compiled.BACKEND)
+        options = compiled.inductor_options(None) if compiled.BACKEND == "inductor" and not cuda else {}
+        # torch.compile takes a mode or options, not both: inductor's default mode is no options
+        config = CompileConfig(fullgraph=False, dynamic=False, backend=compiled.BACKEND,
+                               mode="reduce-overhead" if cuda else (None if options else "default"),
+                               options=options or None)
         config._compile_all_devices = True  # HF compiles only on accelerators unless told
         model._specmm_bench_compile_config = config
     return {"cache_implementation": "static", "compile_config": config}

@@ -71,6 +71,31 @@ def test_compiled_eagle_greedy_equals_generate():
     assert gen.whole_round  # inductor kernels for the whole round: forwards, tree growth, walk, commits
 
 
+def test_compiled_rounds_under_the_cpp_wrapper_equal_generate_and_so_does_hfs_static_baseline(monkeypatch):
+    """Compiled mode's default on a CPU machine: inductor's C++ wrapper, for specmm's graphs and the HF baseline."""
+    from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
+    from specmm.core import compiled
+
+    monkeypatch.setattr(compiled, "CPP_WRAPPER", True)
+    if torch.cuda.is_available():
+        pytest.skip("the C++ wrapper is compiled mode's default only without CUDA")
+    assert compiled.inductor_options(None) == {"cpp_wrapper": True} and compiled.inductor_options(GRAPHED) == {}
+    target = tiny_model("llama")
+    ids, mask = left_padded_batch([4, 7], seed=3)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=TREE_KINDS["chain"],
+                                      compile=True)
+    out = gen.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
+    assert torch.equal(out.sequences, reference) and gen.whole_round
+    with hf_compile_scope(target):
+        kwargs = hf_static_compile_kwargs(target)
+        assert kwargs["compile_config"].options == {"cpp_wrapper": True}
+        baseline = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0,
+                                   **kwargs)
+        assert hf_compiled(target)
+    assert torch.equal(baseline, reference)
+
+
 def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only):
     """Per-row generators, a ragged batch: rounds after the second read their draws from a tape made eagerly from
     the same generators in the same order, so the tokens are eager mode's, row by row."""
