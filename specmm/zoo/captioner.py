@@ -8,6 +8,7 @@ of greedy captions of held-out scenes.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import dataclass
@@ -64,19 +65,6 @@ RECIPES = {
                 draft_train=dict(steps=600, batch_size=16, seq_len=0, lr=3e-3, warmup_steps=30,
                                  checkpoint_every=100),
                 eval=dict(scenes=64, max_new_tokens=220)),
-    # ViSpec's case on the CPU: the `cpu` captioner with 8 px patches, so an image is 144 tokens instead of 9 (a
-    # one-layer drafter then attends over more image than caption, as with LLaVA's 576); same text model and steps
-    "cpu-long": dict(aux_weight=1.0, image_size=96, patch_size=8, vocab_size=512, tokenizer_captions=20_000,
-                     vision=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=3, num_attention_heads=8),
-                     text=dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
-                               num_key_value_heads=3),
-                     draft=dict(hidden_size=64, intermediate_size=192, num_hidden_layers=1, num_attention_heads=2,
-                                num_key_value_heads=2),
-                     target_train=dict(steps=2300, batch_size=8, seq_len=0, lr=1.5e-3, warmup_steps=50,
-                                       checkpoint_every=100),
-                     draft_train=dict(steps=600, batch_size=16, seq_len=0, lr=3e-3, warmup_steps=30,
-                                      checkpoint_every=100),
-                     eval=dict(scenes=64, max_new_tokens=220)),
     # the `vlm` step on one H100 (untested: no GPU run yet): LLaVA target ~95M params (12-layer 768-wide Llama +
     # 6-layer ViT), 3000 steps x 64 captions of ~250 tokens = 48M tokens: 6 x 95M x 48M = 2.7e16 FLOPs, ~1.2 min at
     # 400 TFLOP/s; bf16 autocast and fused AdamW, eager (the LLaVA forward with image features is not compiled here).
@@ -94,6 +82,9 @@ RECIPES = {
                                  checkpoint_every=250, **GPU_TRAINING_EAGER),
                 eval=dict(scenes=256, max_new_tokens=220)),
 }
+# ViSpec's case on the CPU: the `cpu` captioner with 8 px patches, so an image is 144 tokens instead of 9 (a one-layer
+# drafter then attends over more image than caption, as with LLaVA's 576); same text model and steps
+RECIPES["cpu-long"] = {**copy.deepcopy(RECIPES["cpu"]), "patch_size": 8}
 
 
 def scene_and_caption(seed: int) -> tuple[scenes.Scene, str]:
