@@ -93,7 +93,7 @@ def bench_image_ar(args) -> int:
         raise ValueError(f"--methods: comma-separated, starting with ar, from {', '.join(METHODS)}; got {args.methods!r}")
     device = torch.device(args.device)
     variants = [(m, False) for m in methods] + ([(m, True) for m in methods] if args.compile else [])
-    models = imagegen.load(zoo.build("imagegen", args.scale), device)
+    models = imagegen.load(zoo.build("imagegen", args.scale), device, args.dtype)
     record = zoo.record("imagegen", args.scale)
     lg, drafter, judge = models.lg, models.drafter, models.judge
     classes = [i % len(models.classes) for i in range(args.images)]
@@ -109,7 +109,8 @@ def bench_image_ar(args) -> int:
     # drafter rows (exact SD with the drafter, LANTERN) draft a chain of --draft-chain tokens, else the dynamic tree
     draft_tree = TreeSpec.chain(args.draft_chain) if args.draft_chain else None
     settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
-                "seed": args.seed, "compile": bool(args.compile), "draft_chain": args.draft_chain, **sampling, **knobs}
+                "seed": args.seed, "compile": bool(args.compile), "draft_chain": args.draft_chain, **sampling, **knobs,
+                "dtype": str(args.dtype)}
     # the partial rows are a job: --resume continues only the same benchmark, a second run on it is refused
     with Job(partial, "bench image_ar", settings, resume=args.resume, force=not args.resume, folder=True,
              owned=("rows.json", "ref.pt"), argument="--name"):
@@ -187,7 +188,7 @@ def bench_image_ar(args) -> int:
                  f"{lg.config.vocab_size} codes", "images per method": args.images,
                  "sampling": f"T=1, top-k {args.top_k}, cfg {args.cfg_scale}", "knobs": knobs,
                  "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
-                 "device": str(device)}
+                 "device": str(device), "GPT and drafter dtype": str(args.dtype)}
         command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         if args.compile:
             notes.append("compiled rows: `ImageSampler(compile=True)` (verify, commit, drafts and acceptance compiled "
@@ -218,7 +219,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--model", help="stock image generator folder (model + processor): bench against its own generate")
     p.add_argument("--prompts", help="with --model: text file, one prompt per line (default: four built-in prompts)")
     p.add_argument("--repeats", type=int, default=1, help="with --model: timed runs per method (median)")
-    p.add_argument("--dtype", default="float32", help="with --model: weights dtype")
+    p.add_argument("--dtype", default="float32", help="weights dtype: the stock model's (--model), else the zoo GPT's "
+                   "and its drafter's (the VQ and the judge stay float32)")
     p.add_argument("--methods", help="comma-separated, starting with ar (default: ar,exact,sjd,lantern,lantern++,gsd)")
     p.add_argument("--images", type=int, default=40, help="images per method and batch size")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])

@@ -238,8 +238,9 @@ class ImageGenModels:
     classes: list[str]
 
 
-def load(path: Path, device: str | torch.device = "cpu") -> ImageGenModels:
-    """Load a built `imagegen` entry as a user's upstream-layout files would be loaded."""
+def load(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ImageGenModels:
+    """Load a built `imagegen` entry as a user's upstream-layout files would be loaded; the GPT (and so its drafter)
+    in `dtype`, as upstream LlamaGen samples in bf16, while the VQ decoder and the judge stay float32."""
     import timm
 
     from specmm.image_ar import ImageDrafter, LlamaGen
@@ -247,6 +248,7 @@ def load(path: Path, device: str | torch.device = "cpu") -> ImageGenModels:
 
     lg = LlamaGen.from_checkpoint(path / "gpt.pt", path / "vq.pt", path / "gpt_config.json",
                                   path / "vq_config.json").to(device)
+    lg.gpt.to(dtype)
     drafter = ImageDrafter.from_pretrained(path / "drafter", lg.gpt)
     info = json.loads((path / "classifier.json").read_text())
     classifier = timm.create_model(info["model"], num_classes=info["num_classes"], pretrained=False)
