@@ -7,10 +7,6 @@ import fcntl
 import json
 import os
 import tempfile
-
-# inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off
-# here but for the tests that enable it (`cpp_wrapper` fixture), set before specmm is imported
-os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,6 +25,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+# inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off here
+# (read when specmm is first imported, after this file) but in the test that sets `compiled.CPP_WRAPPER` itself
+os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)
 if WORKER:
     torch.set_num_threads(1)  # one worker per core: intra-op threads would only contend

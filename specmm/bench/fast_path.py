@@ -54,10 +54,9 @@ def hf_static_compile_kwargs(model: nn.Module) -> dict:
 
         cuda = next(model.parameters()).device.type == "cuda"
         options = compiled.inductor_options(None) if compiled.BACKEND == "inductor" and not cuda else {}
-        # torch.compile takes a mode or options, not both: inductor's default mode is no options
+        # torch.compile takes a mode or options, not both; no mode is inductor's default
         config = CompileConfig(fullgraph=False, dynamic=False, backend=compiled.BACKEND,
-                               mode="reduce-overhead" if cuda else (None if options else "default"),
-                               options=options or None)
+                               mode="reduce-overhead" if cuda else None, options=options or None)
         config._compile_all_devices = True  # HF compiles only on accelerators unless told
         model._specmm_bench_compile_config = config
     return {"cache_implementation": "static", "compile_config": config}
