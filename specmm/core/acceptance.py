@@ -112,6 +112,20 @@ class ExactRule:
 EXACT = ExactRule()
 
 
+def decide(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor
+           ) -> tuple[Tensor, dict[str, Tensor]]:
+    """One batch of decisions: [N] acceptance probabilities and {name: [N]} diagnostics ({} for an exact rule).
+
+    A rule whose two answers share work (GSD's groups, a relaxed rule's moved set) defines `decide` itself and
+    computes that work once; any other rule is asked twice. Shapes as in `AcceptanceRule`.
+    """
+    own = getattr(rule, "decide", None)
+    if own is not None:
+        return own(target_probs, draft_probs, tokens)
+    diagnostics = {} if rule.exact else rule.diagnostics(target_probs, draft_probs, tokens)
+    return rule.accept_probability(target_probs, draft_probs, tokens), diagnostics
+
+
 def check_rule(rule: AcceptanceRule, sampling: SamplingConfig) -> None:
     """Raise ValueError before any work when `rule` refuses `sampling` (temperature 0 with greedy='refuse')."""
     if sampling.greedy and rule.greedy == "refuse":
@@ -215,12 +229,12 @@ def walk_tree(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule, coins
             node = child.clamp_min(0)
             token = tree.tokens[rows, node]
             q = None if tree.draft_probs is None else tree.draft_probs[rows, node]
-            accept = trying & (coins[:, level, j] < rule.accept_probability(probs, q, token))
+            accept_p, diagnostics = decide(rule, probs, q, token)
+            accept = trying & (coins[:, level, j] < accept_p)
             reject = trying & ~accept
-            if not rule.exact:
-                for name, value in rule.diagnostics(probs, q, token).items():
-                    per_depth = recorded.setdefault(name, target_probs.new_zeros(batch, depth_levels))
-                    per_depth[:, level] += torch.where(accept, value.to(per_depth.dtype), 0.0)
+            for name, value in diagnostics.items():
+                per_depth = recorded.setdefault(name, target_probs.new_zeros(batch, depth_levels))
+                per_depth[:, level] += torch.where(accept, value.to(per_depth.dtype), 0.0)
             residual = normalize(rule.reject(probs, q, token))
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)  # no mass left: keep p
             probs = torch.where(reject[:, None], residual, probs)
@@ -256,14 +270,12 @@ def walk_chain(tree: DraftTree, target_probs: Tensor, rule: AcceptanceRule, coin
     parent_probs = target_probs[rows[:, None], parent].flatten(0, 1)  # [B*D, V]
     draft_probs = None if tree.draft_probs is None else tree.draft_probs[rows[:, None], child].flatten(0, 1)
     tokens = tree.tokens.gather(1, child)  # [B, D]
-    accept_p = rule.accept_probability(parent_probs, draft_probs, tokens.flatten()).view(batch, levels)
-    accepted = (exists & (coins[:, :levels, 0] < accept_p)).long().cumprod(-1).bool()  # [B, D] accepted prefix
-    num_accepted = accepted.sum(-1)  # [B]
+    accept_p, diagnostics = decide(rule, parent_probs, draft_probs, tokens.flatten())
+    accepted = (exists & (coins[:, :levels, 0] < accept_p.view(batch, levels))).long().cumprod(-1).bool()  # [B, D]
+    num_accepted = accepted.sum(-1)  # [B] the accepted prefix's length
     current = nodes.gather(1, num_accepted[:, None])[:, 0]  # [B] deepest accepted node
-    recorded: dict[str, Tensor] = {}
-    if not rule.exact:
-        for name, value in rule.diagnostics(parent_probs, draft_probs, tokens.flatten()).items():
-            recorded[name] = torch.where(accepted, value.view(batch, levels).to(target_probs.dtype), 0.0)
+    recorded = {name: torch.where(accepted, value.view(batch, levels).to(target_probs.dtype), 0.0)
+                for name, value in diagnostics.items()}
     # the first rejection, if any: the next token comes from its residual, else from the last node's p
     stop = num_accepted.clamp(max=levels - 1)  # [B]
     rejected = (num_accepted < levels) & exists.gather(1, stop[:, None])[:, 0]

@@ -9,7 +9,8 @@ inherited tests check:
 - the TV bound holds where the rule claims one, on the exact output distribution of one decision;
 - relaxed rules report as moved mass what they moved;
 - the same seed gives the same outcome;
-- a chain's batched walk equals the tree walk, decision for decision.
+- a chain's batched walk equals the tree walk, decision for decision;
+- `decide` (what the walks call) answers as `accept_probability` and `diagnostics` asked apart.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specmm.core.acceptance import EXACT, accept, accept_greedy, accept_sampled, sampled_draws, walk_chain, walk_tree
+from specmm.core.acceptance import (
+    EXACT,
+    accept,
+    accept_greedy,
+    accept_sampled,
+    decide,
+    sampled_draws,
+    walk_chain,
+    walk_tree,
+)
 from specmm.core.sampling import SamplingConfig, normalize
 from specmm.core.tree import DraftTree
 from tests.core.test_tree import random_tree
@@ -184,3 +194,17 @@ class AcceptanceRuleCommonTest:
             for name in fast.diagnostics:
                 torch.testing.assert_close(fast.diagnostics[name], slow.diagnostics[name], rtol=0, atol=1e-12)
             assert 0 < int(slow.num_accepted.sum()) and bool((slow.num_accepted < tree.max_depth).any())
+
+    def test_decide_answers_as_the_two_questions_asked_apart(self):
+        """A rule's own `decide` shares work between its answers; both must equal the separate methods'."""
+        for knobs in (self.zero_knobs, self.relaxed_knobs):
+            rule = self.make_rule(**knobs)
+            for seed in range(3):
+                target, draft, tokens = distributions(seed)
+                for q in (None, draft):
+                    accept_p, diagnostics = decide(rule, target, q, tokens)
+                    torch.testing.assert_close(accept_p, rule.accept_probability(target, q, tokens), rtol=0, atol=0)
+                    expected = {} if rule.exact else rule.diagnostics(target, q, tokens)
+                    assert diagnostics.keys() == expected.keys()
+                    for name in expected:
+                        torch.testing.assert_close(diagnostics[name], expected[name], rtol=0, atol=0)

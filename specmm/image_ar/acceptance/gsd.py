@@ -78,7 +78,19 @@ class GSD(ExactRule):
         return self.group(probs, tokens).gather(-1, best[:, None])[:, 0]
 
     def accept_probability(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> Tensor:
+        return self._accept_group(target_probs, draft_probs, self.group(target_probs, tokens))
+
+    def decide(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor
+               ) -> tuple[Tensor, dict[str, Tensor]]:
+        """`accept_probability` and `diagnostics` from one group computation (one sort of the target)."""
         group = self.group(target_probs, tokens)
+        diagnostics = {} if self.exact else {"moved_mass": _credited(target_probs, group, tokens),
+                                             "group_size": group.sum(-1).float()}
+        return self._accept_group(target_probs, draft_probs, group), diagnostics
+
+    @staticmethod
+    def _accept_group(target_probs: Tensor, draft_probs: Tensor | None, group: Tensor) -> Tensor:
+        """[N] min(1, p(G)/q(G)), or p(G) for point-mass drafts."""
         p_group = (target_probs * group).sum(-1)
         if draft_probs is None:
             return p_group.clamp(max=1.0)

@@ -30,17 +30,30 @@ class RelaxedRule(ExactRule):
     def moved_set(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def _moved(self, target_probs: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """The moved set's tokens that carry mass [N, V] bool, and that mass [N]."""
+        moved = self.moved_set(target_probs, tokens) & (target_probs > 0)
+        return moved, (target_probs * moved).sum(-1)
+
+    @staticmethod
+    def _relax(target_probs: Tensor, tokens: Tensor, moved: Tensor, mass: Tensor) -> Tensor:
+        return target_probs.masked_fill(moved, 0.0).scatter_add(-1, tokens[:, None], mass[:, None])
+
     def relaxed(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         """[N, V] p': the moved set's mass added to p(x), the set itself zeroed."""
-        moved = self.moved_set(target_probs, tokens) & (target_probs > 0)
-        mass = (target_probs * moved).sum(-1, keepdim=True)
-        relaxed = target_probs.masked_fill(moved, 0.0)
-        return relaxed.scatter_add(-1, tokens[:, None], mass)
+        return self._relax(target_probs, tokens, *self._moved(target_probs, tokens))
 
     def moved_mass(self, target_probs: Tensor, tokens: Tensor) -> Tensor:
         """[N] TV(p, p') for drafts `tokens`: the mass moved onto them."""
-        moved = self.moved_set(target_probs, tokens) & (target_probs > 0)
-        return (target_probs * moved).sum(-1)
+        return self._moved(target_probs, tokens)[1]
+
+    def decide(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor
+               ) -> tuple[Tensor, dict[str, Tensor]]:
+        """`accept_probability` and `diagnostics` from one moved-set computation."""
+        moved, mass = self._moved(target_probs, tokens)
+        relaxed = self._relax(target_probs, tokens, moved, mass)
+        accept_p = super().accept_probability(relaxed, draft_probs, tokens)
+        return accept_p, ({} if self.exact else {"moved_mass": mass})
 
     def greedy_match(self, target_logits: Tensor, tokens: Tensor) -> Tensor:
         relaxed = self.relaxed(target_logits.float().softmax(-1), tokens)
