@@ -17,7 +17,15 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.fast_path import (FastPathSetup, compiled_parts, describe_parts, hf_compile_scope, hf_compiled,
                                     hf_static_compile_kwargs)
-from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
+from specmm.bench.harness import (
+    BenchReport,
+    BenchRow,
+    Method,
+    RunResult,
+    output_repetition,
+    partial_reports,
+    run_benchmark,
+)
 from specmm.bench.ties import logit_tie_judge
 from specmm.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specmm.machine import machine_info
@@ -147,19 +155,25 @@ def timing_note(setup) -> str:
 
 def bench_core(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, attention_mask: Tensor,
                setup: CoreBenchSetup, *, command: str, models: dict, notes: list[str], progress: bool = True,
-               drafters: dict[str, Callable[[], Drafter]] | None = None) -> tuple[BenchReport, dict[str, RunResult]]:
+               drafters: dict[str, Callable[[], Drafter]] | None = None,
+               checkpoint: Callable[[BenchReport], None] | None = None) -> tuple[BenchReport, dict[str, RunResult]]:
     """Run the core methods side by side (`drafters` as in `core_methods`); returns the report and every method's
-    outputs."""
+    outputs. `checkpoint(report)` gets the partial report after every timed round (see `run_benchmark`)."""
     device = next(target.parameters()).device
     methods = core_methods(target, draft, input_ids, attention_mask, setup, drafters)
+
+    def report_of(rows: list[BenchRow], outputs: dict[str, RunResult], partial: str = "") -> BenchReport:
+        repetition, warnings = output_repetition(outputs)
+        info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
+                "max_new_tokens": setup.max_new_tokens, "eos_token_id": setup.eos_token_id,
+                "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
+                **repetition, **models}
+        return BenchReport(name="specmm bench core", command=command, rows=rows, setup=info, notes=notes + warnings,
+                           machine=machine_info(device), partial=partial)
+
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(methods, device, repeats=setup.repeats, warmup=setup.warmup, progress=progress,
-                                      ties=logit_tie_judge(target, input_ids, attention_mask))
-    repetition, warnings = output_repetition(outputs)
-    info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
-            "max_new_tokens": setup.max_new_tokens, "eos_token_id": setup.eos_token_id,
-            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
-            **repetition, **models}
-    report = BenchReport(name="specmm bench core", command=command, rows=rows, setup=info, notes=notes + warnings,
-                         machine=machine_info(device))
+                                      ties=logit_tie_judge(target, input_ids, attention_mask),
+                                      checkpoint=partial_reports(report_of, checkpoint, setup.repeats))
+    report = report_of(rows, outputs)
     return report, outputs

@@ -86,11 +86,17 @@ def _timed(fn: Callable[[], RunResult], device: torch.device) -> tuple[float, Ru
     return time.perf_counter() - start, result
 
 
+Checkpoint = Callable[[list[BenchRow], dict[str, "RunResult"]], None]
+
+
 def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int = 3, warmup: int = 1,
-                  progress: bool = True, ties: TieJudge | None = None) -> tuple[list[BenchRow], dict[str, RunResult]]:
+                  progress: bool = True, ties: TieJudge | None = None, checkpoint: Checkpoint | None = None
+                  ) -> tuple[list[BenchRow], dict[str, RunResult]]:
     """Run every method `warmup + repeats` times (interleaved by round) and compare with the first, then run
     each method's `profile` once. Returns the table rows and each method's last timed outputs. With `ties`
-    (`specmm.bench.ties`), a row whose outputs differ counts the output rows that part at a near-tie of the target."""
+    (`specmm.bench.ties`), a row whose outputs differ counts the output rows that part at a near-tie of the target.
+    `checkpoint(rows, outputs)` is called after every timed round with the table so far (medians of the rounds run;
+    no round split or near-tie count yet), so a caller can write a partial report that outlives a killed run."""
     if warmup < 1 and any(m.compiled for m in methods):
         raise ValueError("warmup: compiled methods compile on their first run; give at least one warm-up run")
     timings: dict[str, list[float]] = {m.name: [] for m in methods}
@@ -117,6 +123,8 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
                 if round_ >= warmup:
                     timings[method.name].append(seconds)
                 results[method.name] = result
+            if checkpoint is not None and round_ >= warmup:  # near-ties and the round split come at the end
+                checkpoint(_table(methods, timings, results, failed, watches, {}, None), results)
         profiles = {}
         for method in methods:
             if method.profile is not None and method.name not in failed:
@@ -126,6 +134,35 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
                     logger.warning("%s: the profiled run failed; no round split", method.name, exc_info=True)
                     reset_graphs()
             bar.update(method.profile is not None)
+    rows = _table(methods, timings, results, failed, watches, profiles, ties)
+    for method, row in zip(methods, rows):
+        timed = watches[method.name][1]
+        if timed.events and not row.error:
+            logger.warning("%s: %d compile events during timed runs (%.1f s); the warm-up did not cover its shapes",
+                           method.name, timed.events, timed.seconds)
+    return rows, results
+
+
+def partial_reports(report_of: Callable[..., BenchReport], checkpoint: Callable[[BenchReport], None] | None,
+                    repeats: int) -> Checkpoint | None:
+    """A `run_benchmark` checkpoint that hands `checkpoint` the report so far, built by
+    `report_of(rows, outputs, partial)` (None without `checkpoint`)."""
+    if checkpoint is None:
+        return None
+    rounds = 0
+
+    def call(rows: list[BenchRow], outputs: dict[str, RunResult]) -> None:
+        nonlocal rounds
+        rounds += 1
+        checkpoint(report_of(rows, outputs, f"{rounds} of {repeats} timed rounds run (medians so far); the "
+                                            "per-round split and near-tie counts come with the whole report"))
+    return call
+
+
+def _table(methods: list[Method], timings: dict[str, list[float]], results: dict[str, RunResult],
+           failed: dict[str, str], watches: dict, profiles: dict, ties: TieJudge | None) -> list[BenchRow]:
+    """The rows from the timed runs so far (each a median): failed methods as failed rows, the first as the
+    reference for `speedup` and `outputs match`, every row against the fastest baseline."""
     base_rate = None
     rows = []
     for method in methods:
@@ -149,11 +186,8 @@ def run_benchmark(methods: list[Method], device: torch.device, *, repeats: int =
                              baseline=method.baseline, compiled=compiled, compile_s=warm.seconds,
                              timed_compiles=timed.events, round_ms=round_ms(profiles.get(method.name)),
                              differing_rows=differing, near_tie_rows=tied))
-        if timed.events:
-            logger.warning("%s: %d compile events during timed runs (%.1f s); the warm-up did not cover its shapes",
-                           method.name, timed.events, timed.seconds)
     compare_with_best_ar(rows)
-    return rows, results
+    return rows
 
 
 def _describe_error(error: Exception) -> str:

@@ -78,6 +78,7 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
+    partial: str = ""  # what has not run yet, for a report written while the benchmark runs ("" once it is whole)
 
     def table(self) -> str:
         rows = self.rows
@@ -151,7 +152,8 @@ class BenchReport:
         setup = "\n".join(f"- {k}: {v}" for k, v in self.setup.items())
         machine = "\n".join(f"- {k}: {v}" for k, v in self.machine.items())
         notes = "\n".join(f"- {n}" for n in self.notes)
-        return (f"# {self.name}\n\nCommand: `{self.command}`  \nRun: {self.created}\n\n{self.table()}\n\n"
+        partial = f"**Partial report:** {self.partial}\n\n" if self.partial else ""
+        return (f"# {self.name}\n\n{partial}Command: `{self.command}`  \nRun: {self.created}\n\n{self.table()}\n\n"
                 f"{self.legend()}\n\n"
                 f"## Notes\n{notes}\n\n## Setup\n{setup}\n\n## Machine\n{machine}\n")
 

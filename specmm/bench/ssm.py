@@ -16,6 +16,7 @@ warm-up and reported apart; speculative rows get the per-round time split from o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,15 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
-from specmm.bench.harness import BenchReport, Method, RunResult, output_repetition, run_benchmark
+from specmm.bench.harness import (
+    BenchReport,
+    BenchRow,
+    Method,
+    RunResult,
+    output_repetition,
+    partial_reports,
+    run_benchmark,
+)
 from specmm.bench.ties import logit_tie_judge
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
@@ -98,21 +107,27 @@ def ssm_methods(target: nn.Module, draft: nn.Module | dict[str, nn.Module], inpu
 
 def bench_ssm(target: nn.Module, draft: nn.Module | dict[str, nn.Module], input_ids: Tensor, attention_mask: Tensor,
               setup: SSMBenchSetup, *, name: str, command: str, models: dict, notes: list[str],
-              progress: bool = True) -> tuple[BenchReport, dict[str, RunResult]]:
+              progress: bool = True, checkpoint: Callable[[BenchReport], None] | None = None
+              ) -> tuple[BenchReport, dict[str, RunResult]]:
     """Run the SSM methods side by side on one target (one draft, or `{label: draft}`); returns the report and
-    every method's outputs."""
+    every method's outputs. `checkpoint(report)` gets the partial report after every timed round."""
     device = next(target.parameters()).device
+
+    def report_of(rows: list[BenchRow], outputs: dict[str, RunResult], partial: str = "") -> BenchReport:
+        repetition, warnings = output_repetition(outputs)
+        info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
+                "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
+                "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
+                **repetition, **models}
+        return BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes + warnings,
+                           machine=machine_info(device), partial=partial)
+
     with torch.no_grad(), hf_compile_scope(target):
         rows, outputs = run_benchmark(ssm_methods(target, draft, input_ids, attention_mask, setup), device,
                                       repeats=setup.repeats, warmup=setup.warmup, progress=progress,
-                                      ties=logit_tie_judge(target, input_ids, attention_mask))
-    repetition, warnings = output_repetition(outputs)
-    info = {"batch": input_ids.shape[0], "prompt tokens (max)": input_ids.shape[1],
-            "max_new_tokens": setup.max_new_tokens, "sampling": "greedy",
-            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup),
-            **repetition, **models}
-    report = BenchReport(name=name, command=command, rows=rows, setup=info, notes=notes + warnings,
-                         machine=machine_info(device))
+                                      ties=logit_tie_judge(target, input_ids, attention_mask),
+                                      checkpoint=partial_reports(report_of, checkpoint, setup.repeats))
+    report = report_of(rows, outputs)
     return report, outputs
 
 
@@ -205,9 +220,11 @@ def run_command(args, command: str) -> int:
                          "graph per tree shape and batch width, prefills eager; the draft compiles through the core. "
                          "The compiled AR row is HF `generate` with `cache_implementation='static'` and its decode "
                          "step compiled by HF itself (transformers 5.x gives these models static caches).")
+        stem = f"{args.name or f'ssm-{args.scale}-{device.type}'}-{role}"
         report, _ = bench_ssm(target, drafts, batch["input_ids"], batch["attention_mask"], setup,
-                              name=f"specmm bench ssm ({role})", command=command, models=models, notes=notes)
+                              name=f"specmm bench ssm ({role})", command=command, models=models, notes=notes,
+                              checkpoint=lambda partial: partial.write(args.out, stem))
         print(f"\n{report.name}\n{report.table()}")
-        json_path, md_path = report.write(args.out, f"{args.name or f'ssm-{args.scale}-{device.type}'}-{role}")
+        json_path, md_path = report.write(args.out, stem)
         print(f"wrote {json_path} and {md_path}")
     return 0

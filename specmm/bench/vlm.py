@@ -9,6 +9,7 @@ benchmark).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 import specmm
 from specmm.bench.core import _describe, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import MODES, eager_drafter, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import BenchReport, BenchRow, Method, RunResult, partial_reports, run_benchmark
 from specmm.jobs import atomic_write_text
 from specmm.core.stats import GenerationStats
 from specmm.machine import machine_info
@@ -149,9 +150,11 @@ def scene_batch(models, seeds: list[int]) -> dict:
 
 
 def bench_vlm(models, drafters: dict, setup: VLMBenchSetup, *, command: str, description: dict,
-              progress: bool = True) -> tuple[list[BenchReport], dict[tuple[float, int], dict[str, RunResult]]]:
+              progress: bool = True, checkpoint: Callable[[list[BenchReport]], None] | None = None
+              ) -> tuple[list[BenchReport], dict[tuple[float, int], dict[str, RunResult]]]:
     """One report per (temperature, batch size), every batch size covering the same `setup.scenes` scenes;
-    also each configuration's outputs per method."""
+    also each configuration's outputs per method. `checkpoint(reports)` gets the reports so far after every timed
+    round, the last one partial (see `run_benchmark`)."""
     seeds = heldout_seeds(description.get("scale", "cpu"))[: setup.scenes]
     reports, outputs = [], {}
     with torch.no_grad(), hf_compile_scope(models.target):
@@ -159,18 +162,25 @@ def bench_vlm(models, drafters: dict, setup: VLMBenchSetup, *, command: str, des
             for batch in setup.batch_sizes:
                 chunks = [scene_batch(models, seeds[i: i + batch]) for i in range(0, len(seeds), batch)]
                 methods = _chunked([vlm_methods(models, drafters, enc, setup, temperature) for enc in chunks])
-                rows, outputs[temperature, batch] = run_benchmark(methods, models.target.device, repeats=setup.repeats,
-                                                                  warmup=setup.warmup, progress=progress)
-                if temperature > 0:
-                    for row in rows[1:]:
-                        row.matched = None  # sampled: identical outputs are not expected
-                info = {"temperature": temperature, "batch": batch, "scenes": len(seeds),
-                        "max_new_tokens": setup.max_new_tokens,
-                        "trees": ", ".join(_describe(t) for t in setup.tree_specs().values()),
-                        "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **description}
-                reports.append(BenchReport(name=f"specmm bench vlm: T={temperature:g}, batch {batch}", command=command,
-                                           rows=rows, setup=info, machine=machine_info(models.target.device),
-                                           notes=_notes(temperature, setup)))
+
+                def report_of(rows: list[BenchRow], _outputs=None, partial: str = "", temperature=temperature,
+                              batch=batch) -> BenchReport:
+                    if temperature > 0:
+                        for row in rows[1:]:
+                            row.matched = None  # sampled: identical outputs are not expected
+                    info = {"temperature": temperature, "batch": batch, "scenes": len(seeds),
+                            "max_new_tokens": setup.max_new_tokens,
+                            "trees": ", ".join(_describe(t) for t in setup.tree_specs().values()),
+                            "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **description}
+                    return BenchReport(name=f"specmm bench vlm: T={temperature:g}, batch {batch}", command=command,
+                                       rows=rows, setup=info, machine=machine_info(models.target.device),
+                                       notes=_notes(temperature, setup), partial=partial)
+
+                save = None if checkpoint is None else (lambda report: checkpoint(reports + [report]))
+                rows, outputs[temperature, batch] = run_benchmark(
+                    methods, models.target.device, repeats=setup.repeats, warmup=setup.warmup, progress=progress,
+                    checkpoint=partial_reports(report_of, save, setup.repeats))
+                reports.append(report_of(rows))
     return reports, outputs
 
 

@@ -87,7 +87,8 @@ def _bench_core(args, device, name) -> int:
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
                            warmup=args.warmup, modes=modes(args))
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
-                           models=data.description, notes=data.notes, drafters=drafters)
+                           models=data.description, notes=data.notes, drafters=drafters,
+                           checkpoint=lambda partial: partial.write(args.out, name))
     return show_and_write(report, args.out, name, legend=True)
 
 
@@ -124,7 +125,8 @@ def _bench_vlm(args, methods, device, name) -> int:
                    f"({record['models']['target']['parameters'] / 1e6:.2f}M params, {record['image_tokens']} image "
                    "tokens per image)", "drafters": f"zoo captioner-drafters-{args.scale}",
                    "draft LM (HF assisted)": f"{record['models']['draft']['parameters'] / 1e6:.2f}M params"}
-    reports, _ = bench_vlm(models, drafters, setup, command=command_line(), description=description)
+    reports, _ = bench_vlm(models, drafters, setup, command=command_line(), description=description,
+                           checkpoint=lambda partial: write_reports(partial, args.out, name))
     for report in reports:
         print(f"\n{report.name}\n{report.table()}")
     if reports:

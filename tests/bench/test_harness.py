@@ -63,6 +63,55 @@ def test_cli_reports_bad_arguments_as_errors(tmp_path, monkeypatch, capsys):
     assert main(["zoo", "build", "nope"]) == 2
 
 
+def test_the_checkpoint_sees_the_table_after_every_timed_round():
+    """Medians of the rounds run so far, a failing method as a failed row, nothing before the warm-up ends."""
+    durations = iter([0.0, 0.03, 0.01])  # base's sleep in the warm-up round, then in two timed rounds
+    import time
+
+    def base():
+        time.sleep(next(durations))
+        return RunResult([[1, 2]])
+
+    def broken():
+        raise RuntimeError("no")
+
+    seen = []
+    rows, _ = run_benchmark([Method("base", base, baseline=True), Method("fast", lambda: RunResult([[1, 2]])),
+                             Method("broken", broken)], torch.device("cpu"), repeats=2, warmup=1, progress=False,
+                            checkpoint=lambda table, outputs: seen.append((table, sorted(outputs))))
+    assert len(seen) == 2 and all(names == ["base", "fast"] for _, names in seen)
+    first, second = seen[0][0], seen[1][0]
+    assert first[0].median_s >= 0.03 and second[0].median_s < first[0].median_s  # the median of 0.03 and 0.01
+    assert [r.error is not None for r in second] == [False, False, True] and second[0].speedup_vs_best_ar == 1.0
+    assert [r.method for r in rows] == [r.method for r in second]
+
+
+def test_a_killed_bench_leaves_a_partial_report(tmp_path, monkeypatch):
+    """A run killed after its first timed round still has that round's table on disk, marked partial; a whole
+    run's report carries no mark."""
+    import specmm.bench.harness as harness
+
+    timed = harness._timed
+
+    def killed_after_the_first_report(fn, device):
+        if (tmp_path / "r.md").is_file():
+            raise KeyboardInterrupt  # what a timeout's SIGTERM handler or Ctrl-C raises
+        return timed(fn, device)
+
+    monkeypatch.setattr(harness, "_timed", killed_after_the_first_report)
+    argv = ["bench", "core", "--random", "--batch-size", "2", "--max-new-tokens", "4", "--repeats", "2",
+            "--out", str(tmp_path), "--name", "r"]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    text = (tmp_path / "r.md").read_text()
+    assert "**Partial report:** 1 of 2 timed rounds run" in text and "| method | tokens/s |" in text
+    assert json.loads((tmp_path / "r.json").read_text())["partial"].startswith("1 of 2")
+    monkeypatch.setattr(harness, "_timed", timed)
+    assert main(argv) == 0
+    assert "Partial" not in (tmp_path / "r.md").read_text()
+    assert json.loads((tmp_path / "r.json").read_text())["partial"] == ""
+
+
 def test_a_failing_method_becomes_a_failed_row_but_the_reference_must_run():
     def broken():
         raise RuntimeError("index out of bounds")

@@ -20,9 +20,12 @@ def test_bench_ssm_runs_every_method_side_by_side_and_writes_the_report(tmp_path
     ids, mask = left_padded_batch([4, 7], vocab=target.config.vocab_size, seed=3)
     setup = SSMBenchSetup(max_new_tokens=6, k=2, dynamic=specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6),
                           repeats=1, warmup=0, profile=False)
+    partial = []
     report, _outputs = bench_ssm(target, draft, ids, mask, setup, name="t", command="specmm bench ssm", models={},
-                                notes=[], progress=False)
+                                notes=[], progress=False, checkpoint=partial.append)
     assert [r.method.split()[0] for r in report.rows] == ["AR", "chain", "chain", "STree", "STree"]
+    assert [p.partial[:6] for p in partial] == ["1 of 1"] and report.partial == ""
+    assert [r.method for r in partial[0].rows] == [r.method for r in report.rows]
     assert all(r.matched for r in report.rows), report.table()
     assert all(r.mean_accepted > 1.0 for r in report.rows[1:])
     assert [r.baseline for r in report.rows] == [True, False, False, False, False]
