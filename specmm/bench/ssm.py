@@ -25,15 +25,8 @@ from torch import Tensor, nn
 import specmm
 from specmm.bench.core import _describe, plain_decoding, new_token_rows, speculative_method, timing_note
 from specmm.bench.fast_path import FastPathSetup, hf_compile_scope
-from specmm.bench.harness import (
-    BenchReport,
-    BenchRow,
-    Method,
-    RunResult,
-    output_repetition,
-    partial_reports,
-    run_benchmark,
-)
+from specmm.bench.harness import BenchReport, BenchRow, Method, RunResult
+from specmm.bench.harness import output_repetition, partial_reports, run_benchmark
 from specmm.bench.ties import logit_tie_judge
 from specmm.drafters import ModelDrafter
 from specmm.machine import machine_info
