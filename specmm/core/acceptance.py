@@ -54,7 +54,9 @@ class AcceptanceRule(Protocol):
     """One node's decision. Shapes: target_probs [N, V], draft_probs [N, V] or None (point mass), tokens [N].
 
     A rule declares what it is: `exact` (lossless) and `greedy` (behaviour at temperature 0, see the
-    module glossary). The engine dispatches on these declarations, never on the rule's class.
+    module glossary). The engine dispatches on these declarations, never on the rule's class. A rule may also
+    define `decide(target_probs, draft_probs, tokens) -> (accept_probability, diagnostics)` to compute what the two
+    share once (module-level `decide` asks it; GSD and the relaxed rules do).
     """
 
     exact: bool
