@@ -9,13 +9,14 @@ stepwise, accuracy against the true held-out continuation, and the NLL of their 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import BenchReport, BenchRow, Method, RunResult, partial_reports, run_benchmark
 from specmm.core.stats import GenerationStats
 from specmm.diffusion_lm import generate
 from specmm.jobs import atomic_write_text
@@ -58,11 +59,13 @@ def judge_nll(judge, prompt_ids: torch.Tensor, rows: list[list[int]]) -> float:
 
 
 def bench_dlm(model, prompt_ids: torch.Tensor, continuation_ids: torch.Tensor, setup: DLMBenchSetup, *,
-              command: str, description: dict, judge=None, progress: bool = True
-              ) -> tuple[list[BenchReport], dict]:
-    """Run every decoder per cache mode; returns the reports and every method's outputs per mode."""
+              command: str, description: dict, judge=None, progress: bool = True,
+              checkpoint: Callable[[list[BenchReport]], None] | None = None) -> tuple[list[BenchReport], dict]:
+    """Run every decoder per cache mode; returns the reports and every method's outputs per mode.
+    `checkpoint(reports)` gets the reports so far after every timed round, the last one partial."""
     device = prompt_ids.device
     batches = prompt_ids.split(setup.batch_size)
+    truth = continuation_ids[:, : setup.gen_length].cpu()
     reports, outputs = [], {}
     for cache in setup.caches:
         stats: dict[str, GenerationStats] = {}
@@ -78,35 +81,46 @@ def bench_dlm(model, prompt_ids: torch.Tensor, continuation_ids: torch.Tensor, s
                 return RunResult(rows, total.mean_accepted)
             return run
 
+        def report_of(rows: list[BenchRow], results: dict[str, RunResult], partial: str = "", cache=cache,
+                      stats=stats) -> BenchReport:
+            reference = torch.tensor(results["stepwise"].rows)
+            for row in rows:
+                if row.error is not None:
+                    continue
+                out, st = torch.tensor(results[row.method].rows), stats[row.method]
+                forwards, baseline = st.target_forwards, stats["stepwise"].target_forwards
+                row.extra = {"forwards": forwards, "forward reduction": f"{baseline / forwards:.2f}x",
+                             "rows/forward": f"{st.diffusion.forward_rows / forwards:.1f}",
+                             "agreement w/ stepwise": f"{(out == reference).float().mean().item():.3f}",
+                             "held-out accuracy": f"{(out == truth).float().mean().item():.3f}"}
+                if judge is not None and not partial:  # the judge's forwards only once, for the whole report
+                    row.extra["code-LM NLL"] = f"{judge_nll(judge, prompt_ids, results[row.method].rows):.3f}"
+            info = {"cache": cache or "none", "prompts": prompt_ids.shape[0], "prompt tokens": prompt_ids.shape[1],
+                    "batch size": setup.batch_size, "gen_length": setup.gen_length,
+                    "block_length": setup.block_length,
+                    "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved",
+                    **description}
+            return BenchReport(name=f"specmm bench dlm (cache: {cache or 'none'})", command=command, rows=rows,
+                               setup=info, notes=NOTES, machine=machine_info(device), partial=partial)
+
         methods = [Method(name, runner(name, kwargs)) for name, kwargs in _methods(setup, cache)]
-        rows, results = run_benchmark(methods, device, repeats=setup.repeats, warmup=setup.warmup, progress=progress)
-        reference = torch.tensor(results["stepwise"].rows)
-        truth = continuation_ids[:, : setup.gen_length].cpu()
-        for row in rows:
-            out, st = torch.tensor(results[row.method].rows), stats[row.method]
-            forwards, baseline = st.target_forwards, stats["stepwise"].target_forwards
-            row.extra = {"forwards": forwards, "forward reduction": f"{baseline / forwards:.2f}x",
-                         "rows/forward": f"{st.diffusion.forward_rows / forwards:.1f}",
-                         "agreement w/ stepwise": f"{(out == reference).float().mean().item():.3f}",
-                         "held-out accuracy": f"{(out == truth).float().mean().item():.3f}"}
-            if judge is not None:
-                row.extra["code-LM NLL"] = f"{judge_nll(judge, prompt_ids, results[row.method].rows):.3f}"
-        info = {"cache": cache or "none", "prompts": prompt_ids.shape[0], "prompt tokens": prompt_ids.shape[1],
-                "batch size": setup.batch_size, "gen_length": setup.gen_length, "block_length": setup.block_length,
-                "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
-        notes = [
-            ("Greedy decoding. `outputs match` compares with stepwise decoding under the same cache mode "
-            "(one token per forward, highest-confidence masked position of the current block, lowest-position "
-            "tie-break, float64 softmax): SSD must match; lossy baselines are not expected to."),
-            ("`mean accepted` = tokens committed per forward per row; `forwards` = batched model calls over all "
-            "prompts (SSD runs N (chain) or N*w (tree) candidate states per row in each call: rows/forward)."),
-            ("`held-out accuracy` = share of generated tokens equal to the true held-out continuation; `code-LM NLL` "
-            "= NLL of the output under the zoo `code` AR target (lower: more plausible code)."),
-        ]
-        reports.append(BenchReport(name=f"specmm bench dlm (cache: {cache or 'none'})", command=command, rows=rows,
-                                   setup=info, notes=notes, machine=machine_info(device)))
+        save = None if checkpoint is None else (lambda report: checkpoint(reports + [report]))
+        rows, results = run_benchmark(methods, device, repeats=setup.repeats, warmup=setup.warmup, progress=progress,
+                                      checkpoint=partial_reports(report_of, save, setup.repeats))
+        reports.append(report_of(rows, results))
         outputs[cache] = results
     return reports, outputs
+
+
+NOTES = [
+    ("Greedy decoding. `outputs match` compares with stepwise decoding under the same cache mode "
+     "(one token per forward, highest-confidence masked position of the current block, lowest-position "
+     "tie-break, float64 softmax): SSD must match; lossy baselines are not expected to."),
+    ("`mean accepted` = tokens committed per forward per row; `forwards` = batched model calls over all "
+     "prompts (SSD runs N (chain) or N*w (tree) candidate states per row in each call: rows/forward)."),
+    ("`held-out accuracy` = share of generated tokens equal to the true held-out continuation; `code-LM NLL` "
+     "= NLL of the output under the zoo `code` AR target (lower: more plausible code)."),
+]
 
 
 def write_reports(reports: list[BenchReport], directory: str | Path, stem: str) -> tuple[Path, Path]:
@@ -141,6 +155,8 @@ def bench_dlm_zoo(scale: str, setup: DLMBenchSetup, device: torch.device, dtype:
         description["judge"] = f"zoo code-{scale} target (AR LM, same tokenizer)"
     except FileNotFoundError:
         pass
+    stem = name or f"dlm-code-{scale}-{device.type}"
     reports, _ = bench_dlm(entry.model, prompt_ids, continuation_ids, setup, command=command,
-                           description=description, judge=judge, progress=progress)
-    return reports, write_reports(reports, out, name or f"dlm-code-{scale}-{device.type}")
+                           description=description, judge=judge, progress=progress,
+                           checkpoint=lambda partial: write_reports(partial, out, stem))
+    return reports, write_reports(reports, out, stem)

@@ -22,9 +22,15 @@ def test_bench_dlm_reports_ssd_identical_to_stepwise(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
     setup = DLMBenchSetup(prompts=4, batch_size=2, gen_length=16, block_length=8, draft_size=4, tree_width=2,
                           repeats=1, warmup=0)
+    from specmm.bench import dlm
+
+    written, real = [], dlm.write_reports
+    monkeypatch.setattr(dlm, "write_reports", lambda reports, *a: written.append([r.partial[:6] for r in reports])
+                        or real(reports, *a))
     reports, (json_path, md_path) = bench_dlm_zoo("tiny", setup, torch.device("cpu"), torch.float32,
                                                   command="test", out=tmp_path / "out", progress=False)
     assert [r.setup["cache"] for r in reports] == ["none", "prefix"]
+    assert written == [["1 of 1"], ["", "1 of 1"], ["", ""]]  # after each timed round, then the whole report
     for report in reports:
         rows = {r.method: r for r in report.rows}
         assert rows["stepwise"].extra["forwards"] == 16 * 2  # two batches, one token per forward
