@@ -1,6 +1,8 @@
 """`specmm bench image_ar`: AR vs exact SD, SJD, LANTERN, LANTERN++ and GSD on the zoo `imagegen` model.
 
-Every method samples the same class list with the same per-image seeds, at each batch size, in one process.
+Every method samples the same class list with the same per-image seeds, at each batch size, in one process, the
+methods taking turns batch by batch (a drift in the machine's speed hits every method alike; each batch's results
+are saved, so `--resume` continues after the last saved batch).
 Columns: step compression (image tokens per target forward, the condition prefill counted), latency ratio
 to AR at the same batch size, FID / KID against a second AR sample set of the same size (the AR row is the
 AR-vs-AR noise floor), class accuracy of the zoo's timm classifier, and the TV mass LANTERN/GSD moved per
@@ -20,10 +22,13 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from specmm.bench.compile_watch import CompileWatch
@@ -36,21 +41,90 @@ LOSSLESS = ("exact", "sjd")
 DRAFT_TREE_METHODS = ("exact", "lantern")  # the rows --draft-chain applies to
 
 
+def _sample_chunk(sampler, chunk: list[int], start: int, seed: int, sampling: dict, device):
+    """One batch of the set: images start.. with their own per-image seeds (the same for every method)."""
+    gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + start + i) for i in range(len(chunk))]
+    return sampler.sample(torch.tensor(chunk), generator=gens, **sampling)
+
+
+def _empty_set() -> dict:
+    return {"images": [], "tokens": [], "forwards": 0, "seconds": 0.0, "moved": 0.0, "drafts": 0}
+
+
+@dataclass
+class _Batch:
+    """What one batch of a set contributes (a `SampleResult`'s images, tokens and stats, on the CPU)."""
+
+    images: list
+    tokens: Tensor
+    forwards: int
+    seconds: float
+    moved: float
+    drafts: int
+
+    @classmethod
+    def of(cls, res) -> _Batch:
+        return cls(res.images, res.tokens.cpu(), res.stats.row_forwards, res.stats.wall_time_s, res.stats.moved_mass,
+                   res.stats.accepted_drafts)
+
+    def state(self) -> dict:
+        """For `torch.save`: the images as one uint8 tensor [n, H, W, 3]."""
+        return {"images": torch.stack([torch.from_numpy(np.array(image)) for image in self.images]),
+                "tokens": self.tokens, "forwards": self.forwards, "seconds": self.seconds, "moved": self.moved,
+                "drafts": self.drafts}
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Batch:
+        return cls(**{**state, "images": [Image.fromarray(array.numpy()) for array in state["images"]]})
+
+
+def _add(acc: dict, batch: _Batch) -> None:
+    acc["images"] += batch.images
+    acc["tokens"].append(batch.tokens)
+    acc["forwards"] += batch.forwards
+    acc["seconds"] += batch.seconds
+    acc["moved"] += batch.moved
+    acc["drafts"] += batch.drafts
+
+
+def _summary(acc: dict) -> dict:
+    all_tokens = torch.cat(acc["tokens"])
+    return {"images": acc["images"], "tokens": all_tokens, "compression": all_tokens.numel() / acc["forwards"],
+            "seconds": acc["seconds"], "moved": acc["moved"] / max(acc["drafts"], 1)}
+
+
 def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, sampling: dict, device) -> dict:
-    images, tokens, forwards, seconds, moved, drafts = [], [], 0, 0.0, 0.0, 0
+    acc = _empty_set()
     for start in range(0, len(classes), batch_size):
-        chunk = classes[start: start + batch_size]
-        gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + start + i) for i in range(len(chunk))]
-        res = sampler.sample(torch.tensor(chunk), generator=gens, **sampling)
-        images += res.images
-        tokens.append(res.tokens.cpu())
-        forwards += res.stats.row_forwards
-        seconds += res.stats.wall_time_s
-        moved += res.stats.moved_mass
-        drafts += res.stats.accepted_drafts
-    all_tokens = torch.cat(tokens)
-    return {"images": images, "tokens": all_tokens, "compression": all_tokens.numel() / forwards,
-            "seconds": seconds, "moved": moved / max(drafts, 1)}
+        _add(acc, _Batch.of(_sample_chunk(sampler, classes[start: start + batch_size], start, seed, sampling, device)))
+    return _summary(acc)
+
+
+def _interleaved_sets(samplers: dict, classes: list[int], batch_size: int, seed: int, sampling: dict, device,
+                      watches: dict[str, CompileWatch], progress: Path) -> dict[str, dict]:
+    """Every sampler over the same classes and per-image seeds, batch by batch in turn, so that a drift in the
+    machine's speed hits every method alike. Each batch's results are saved to `progress/<start>.pt` (atomically);
+    a resumed run reads them back and continues after the last saved batch."""
+    sets, first = {key: _empty_set() for key in samplers}, 0
+    for path in sorted(progress.glob("*.pt")) if progress.is_dir() else []:
+        saved = torch.load(path, weights_only=True)
+        if int(path.stem) != first or not set(samplers) <= set(saved):
+            break  # a gap or another set of methods: the rest is redone
+        for key in samplers:
+            _add(sets[key], _Batch.from_state(saved[key]))
+        first += batch_size
+    starts = range(first, len(classes), batch_size)
+    for start in tqdm(starts, desc=f"bench image_ar bs{batch_size}: batches", disable=len(starts) < 2):
+        batch = {}
+        for key, sampler in samplers.items():
+            with watches[key]:
+                res = _sample_chunk(sampler, classes[start: start + batch_size], start, seed, sampling, device)
+            batch[key] = _Batch.of(res)
+            _add(sets[key], batch[key])
+        progress.mkdir(parents=True, exist_ok=True)
+        with atomic_writer(progress / f"{start:07d}.pt") as f:
+            torch.save({key: b.state() for key, b in batch.items()}, f)
+    return {key: _summary(acc) for key, acc in sets.items()}
 
 
 def _warm_up(sampler, classes: list[int], batch_size: int, sampling: dict, device) -> None:
@@ -113,31 +187,38 @@ def bench_image_ar(args) -> int:
                 "dtype": str(args.dtype)}
     # the partial rows are a job: --resume continues only the same benchmark, a second run on it is refused
     with Job(partial, "bench image_ar", settings, resume=args.resume, force=not args.resume, folder=True,
-             owned=("rows.json", "ref.pt"), argument="--name"):
+             owned=("rows.json", "ref.pt", "progress-bs*/*.pt"), argument="--name"):
         done = {"rows": {}, "ref": {}}
+        if args.resume and (partial / "ref.pt").is_file():  # written before any row that needs it
+            done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
         if args.resume and (partial / "rows.json").is_file():
             done["rows"] = {k: BenchRow(**v) for k, v in json.loads((partial / "rows.json").read_text()).items()}
-            done["ref"] = {int(k): v for k, v in torch.load(partial / "ref.pt", weights_only=True).items()}
         notes = []
         for batch_size in args.batch_sizes:
             if batch_size not in done["ref"]:
                 reference = _sample_set(make_sampler(lg, "ar"), classes, batch_size, args.seed + 1, sampling, device)
                 done["ref"][batch_size] = judge(reference["images"])[0]
+                partial.mkdir(exist_ok=True)
+                with atomic_writer(partial / "ref.pt") as f:
+                    torch.save({str(k): v for k, v in done["ref"].items()}, f)
             ref_feats = done["ref"][batch_size]
-            for method, compiled in tqdm(variants, desc=f"bench image_ar bs{batch_size}"):
+            todo = [(m, c) for m, c in variants if _key(m, c, batch_size) not in done["rows"]]
+            samplers = {_key(m, c, batch_size): make_sampler(lg, m, drafter, compile=c,
+                                                             tree=draft_tree if m in DRAFT_TREE_METHODS else None,
+                                                             **knobs) for m, c in todo}
+            warms = {key: CompileWatch() for key in samplers}
+            timed = {key: CompileWatch() for key in samplers}
+            for (method, compiled), key in zip(todo, samplers):
+                if compiled:  # every compiled row compiles before any timed batch
+                    with warms[key]:
+                        _warm_up(samplers[key], classes, batch_size, sampling, device)
+            runs = _interleaved_sets(samplers, classes, batch_size, args.seed, sampling, device, timed,
+                                     partial / f"progress-bs{batch_size}")
+            for method, compiled in tqdm(todo, desc=f"bench image_ar bs{batch_size}: metrics", disable=not todo):
                 key = _key(method, compiled, batch_size)
-                if key in done["rows"]:
-                    continue
                 first = method == "ar" and not compiled
                 base_seconds = None if first else done["rows"][f"ar (bs {batch_size})"].median_s
-                sampler = make_sampler(lg, method, drafter, compile=compiled,
-                                       tree=draft_tree if method in DRAFT_TREE_METHODS else None, **knobs)
-                warm, timed = CompileWatch(), CompileWatch()
-                if compiled:
-                    with warm:
-                        _warm_up(sampler, classes, batch_size, sampling, device)
-                with timed:
-                    run = _sample_set(sampler, classes, batch_size, args.seed, sampling, device)
+                sampler, run, warm = samplers[key], runs[key], warms[key]
                 split = _round_split(sampler, classes, batch_size, sampling, device) if args.compile else {}
                 feats, logits = judge(run["images"])
                 base_seconds = base_seconds or run["seconds"]
@@ -154,14 +235,11 @@ def bench_image_ar(args) -> int:
                     speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
                     new_tokens=tokens, median_s=run["seconds"], baseline=method == "ar",
                     compiled=compiled and not compile_failures(lg.gpt, drafter and drafter.head), compile_s=warm.seconds,
-                    timed_compiles=timed.events, round_ms=split,
+                    timed_compiles=timed[key].events, round_ms=split,
                     extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                            "class acc": f"{accuracy(logits, labels):.2f}",
                            "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
                            else "-"})
-                partial.mkdir(exist_ok=True)
-                with atomic_writer(partial / "ref.pt") as f:  # ref first: rows.json names what ref.pt must hold
-                    torch.save({str(k): v for k, v in done["ref"].items()}, f)
                 atomic_write_text(partial / "rows.json", json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
                 if batch_size == args.batch_sizes[0] and not compiled:
                     grid = out / f"{stem}-grid-{method.replace('+', 'p')}.png"

@@ -21,31 +21,43 @@ def test_bench_image_ar_writes_report_with_every_method(tmp_path, monkeypatch):
     assert "KID" in (out / "t.md").read_text()
 
 
-def test_bench_image_ar_resumes_finished_rows(tmp_path, monkeypatch):
+def test_bench_image_ar_interleaves_methods_batch_by_batch_and_resumes_after_the_last_saved_batch(tmp_path,
+                                                                                                  monkeypatch):
+    """Methods take turns batch by batch (so a drift in machine speed hits all alike); a run killed mid-way
+    resumes after the last batch it saved, without redoing the reference set, and ends with the same rows as an
+    uninterrupted run."""
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
     out = tmp_path / "bench"
-    args = ["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "2", "--window", "4",
-            "--methods", "ar,sjd", "--out", str(out), "--name", "r"]
+    args = ["bench", "image_ar", "--scale", "tiny", "--images", "4", "--batch-sizes", "2", "--window", "4",
+            "--methods", "ar,sjd", "--out", str(out)]
     from specmm.bench import image_ar
 
-    real = image_ar._sample_set
+    real = image_ar._sample_chunk
     calls = []
 
-    def fail_on_sjd(sampler, *a, **kw):
-        calls.append(type(sampler.proposer).__name__)
-        if len(calls) == 3:  # reference set, AR, then SJD: killed
+    def killed_at_the_sixth(sampler, chunk, start, *a, **kw):
+        calls.append((type(sampler.proposer).__name__, start))
+        if len(calls) == 6:  # reference set (2 batches), then ar, sjd on batch 0, ar on batch 2, sjd: killed
             raise KeyboardInterrupt
-        return real(sampler, *a, **kw)
+        return real(sampler, chunk, start, *a, **kw)
 
-    monkeypatch.setattr(image_ar, "_sample_set", fail_on_sjd)
+    monkeypatch.setattr(image_ar, "_sample_chunk", killed_at_the_sixth)
     try:
-        main(args)
+        main([*args, "--name", "r"])
     except KeyboardInterrupt:
         pass
-    monkeypatch.setattr(image_ar, "_sample_set", lambda *a, **kw: calls.append("again") or real(*a, **kw))
-    assert main([*args, "--resume"]) == 0
-    assert calls[3:] == ["again"]  # only SJD ran again
-    assert json.loads((out / "r.json").read_text())["rows"][1]["method"] == "sjd (bs 2)"
+    assert [start for _, start in calls] == [0, 2, 0, 0, 2, 2]
+    assert calls[2][0] != calls[3][0]  # the two methods alternate
+    monkeypatch.setattr(image_ar, "_sample_chunk", lambda *a, **kw: calls.append("again") or real(*a, **kw))
+    assert main([*args, "--name", "r", "--resume"]) == 0
+    assert calls[6:] == ["again", "again"]  # only the unsaved batch, once per method
+    assert not (out / "r.partial").exists()
+    assert main([*args, "--name", "whole"]) == 0
+    resumed, whole = (json.loads((out / f"{n}.json").read_text())["rows"] for n in ("r", "whole"))
+    assert [r["method"] for r in resumed] == ["ar (bs 2)", "sjd (bs 2)"]
+    for a, b in zip(resumed, whole):
+        assert a["mean_accepted"] == b["mean_accepted"] and a["matched"] == b["matched"]
+        assert a["extra"]["FID"] == b["extra"]["FID"] and a["extra"]["class acc"] == b["extra"]["class acc"]
 
 
 def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tmp_path, monkeypatch):
