@@ -203,6 +203,8 @@ def bench_image_ar(args) -> int:
                     torch.save({str(k): v for k, v in done["ref"].items()}, f)
             ref_feats = done["ref"][batch_size]
             todo = [(m, c) for m, c in variants if _key(m, c, batch_size) not in done["rows"]]
+            if not todo:  # a resumed run that finished this batch size
+                continue
             samplers = {_key(m, c, batch_size): make_sampler(lg, m, drafter, compile=c,
                                                              tree=draft_tree if m in DRAFT_TREE_METHODS else None,
                                                              **knobs) for m, c in todo}
@@ -214,7 +216,7 @@ def bench_image_ar(args) -> int:
                         _warm_up(samplers[key], classes, batch_size, sampling, device)
             runs = _interleaved_sets(samplers, classes, batch_size, args.seed, sampling, device, timed,
                                      partial / f"progress-bs{batch_size}")
-            for method, compiled in tqdm(todo, desc=f"bench image_ar bs{batch_size}: metrics", disable=not todo):
+            for method, compiled in tqdm(todo, desc=f"bench image_ar bs{batch_size}: metrics"):
                 key = _key(method, compiled, batch_size)
                 first = method == "ar" and not compiled
                 base_seconds = None if first else done["rows"][f"ar (bs {batch_size})"].median_s

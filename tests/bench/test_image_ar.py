@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from specmm.cli import main
 
 
@@ -58,6 +60,31 @@ def test_bench_image_ar_interleaves_methods_batch_by_batch_and_resumes_after_the
     for a, b in zip(resumed, whole):
         assert a["mean_accepted"] == b["mean_accepted"] and a["matched"] == b["matched"]
         assert a["extra"]["FID"] == b["extra"]["FID"] and a["extra"]["class acc"] == b["extra"]["class acc"]
+
+
+def test_bench_image_ar_resume_skips_finished_batch_sizes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    args = ["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "1", "2", "--window", "4",
+            "--methods", "ar,sjd", "--out", str(tmp_path / "bench"), "--name", "r"]
+    from specmm.bench import image_ar
+
+    real, calls = image_ar._sample_chunk, []
+
+    def killed_in_the_second_batch_size(sampler, chunk, start, *a, **kw):
+        calls.append(len(chunk))
+        if len(calls) == 8:  # batch size 1: reference (2), both methods (4); batch size 2: reference, ar: killed
+            raise KeyboardInterrupt
+        return real(sampler, chunk, start, *a, **kw)
+
+    monkeypatch.setattr(image_ar, "_sample_chunk", killed_in_the_second_batch_size)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    monkeypatch.setattr(image_ar, "_sample_chunk", lambda s, chunk, *a, **kw: calls.append(("again", len(chunk)))
+                        or real(s, chunk, *a, **kw))
+    assert main([*args, "--resume"]) == 0
+    assert calls[8:] == [("again", 2), ("again", 2)]  # batch size 2's two methods only
+    rows = json.loads((tmp_path / "bench" / "r.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["ar (bs 1)", "sjd (bs 1)", "ar (bs 2)", "sjd (bs 2)"]
 
 
 def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tmp_path, monkeypatch):
