@@ -40,8 +40,7 @@ class GSD(ExactRule):
         return self.window == 1 or self.p_gap == 0.0 or self.d_max == 0.0
 
     def diagnostics(self, target_probs: Tensor, draft_probs: Tensor | None, tokens: Tensor) -> dict[str, Tensor]:
-        group = self.group(target_probs, tokens)
-        return {"moved_mass": _credited(target_probs, group, tokens), "group_size": group.sum(-1).float()}
+        return _group_diagnostics(target_probs, self.group(target_probs, tokens), tokens)
 
     def bind(self, codebook: Tensor, quantile: float | None = None) -> GSD:
         """Use the L2-normalised codebook as the token embedding; set d_max to a quantile of pair distances."""
@@ -84,8 +83,7 @@ class GSD(ExactRule):
                ) -> tuple[Tensor, dict[str, Tensor]]:
         """`accept_probability` and `diagnostics` from one group computation (one sort of the target)."""
         group = self.group(target_probs, tokens)
-        diagnostics = {} if self.exact else {"moved_mass": _credited(target_probs, group, tokens),
-                                             "group_size": group.sum(-1).float()}
+        diagnostics = {} if self.exact else _group_diagnostics(target_probs, group, tokens)
         return self._accept_group(target_probs, draft_probs, group), diagnostics
 
     @staticmethod
@@ -96,6 +94,11 @@ class GSD(ExactRule):
             return p_group.clamp(max=1.0)
         q_group = (draft_probs * group).sum(-1)
         return (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
+
+
+def _group_diagnostics(target_probs: Tensor, group: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """What GSD records per decision: the mass its group credits to the draft and the group's size, each [N]."""
+    return {"moved_mass": _credited(target_probs, group, tokens), "group_size": group.sum(-1).float()}
 
 
 def _credited(target_probs: Tensor, group: Tensor, tokens: Tensor) -> Tensor:
