@@ -38,7 +38,8 @@ from specmm.jobs import Job, atomic_save_image, atomic_write_text, atomic_writer
 from specmm.machine import machine_info
 
 LOSSLESS = ("exact", "sjd")
-DRAFT_TREE_METHODS = ("exact", "lantern")  # the rows --draft-chain applies to
+DRAFT_TREE_METHODS = ("exact", "lantern", "gsd-drafter")  # the rows --draft-chain applies to
+RELAXED_METHODS = ("lantern", "lantern++", "gsd", "gsd-drafter")  # rows that report the mass they move
 
 
 def _sample_chunk(sampler, chunk: list[int], start: int, seed: int, sampling: dict, device):
@@ -148,6 +149,25 @@ def _round_split(sampler, classes: list[int], batch_size: int, sampling: dict, d
     return round_ms(stats)
 
 
+def draft_chains(lengths: list[int] | None, batch_sizes: list[int]) -> dict[int, TreeSpec | None]:
+    """--draft-chain: one chain length for every batch size or one per batch size -> {batch size: chain or None}
+    (None: the sampler's dynamic tree). A verify costs more per token at larger batches, so shorter chains pay there."""
+    if not lengths:
+        return dict.fromkeys(batch_sizes)
+    if len(lengths) not in (1, len(batch_sizes)) or min(lengths) < 1:
+        raise ValueError(f"--draft-chain: one length >= 1, or one per batch size ({len(batch_sizes)}: "
+                         f"{' '.join(map(str, batch_sizes))}); got {' '.join(map(str, lengths))}")
+    per_size = lengths * len(batch_sizes) if len(lengths) == 1 else lengths
+    return {bs: TreeSpec.chain(n) for bs, n in zip(batch_sizes, per_size)}
+
+
+def _chain_text(chains: dict[int, TreeSpec | None]) -> str:
+    depths = {tree.depth for tree in chains.values()}
+    if len(depths) == 1:
+        return str(depths.pop())
+    return ", ".join(f"{tree.depth} at batch {bs}" for bs, tree in chains.items())
+
+
 def bench_image_ar(args) -> int:
     if args.model:  # a stock generator folder (Janus-Pro) against its own generate
         from specmm.bench.image_stock import bench_stock_images
@@ -161,6 +181,7 @@ def bench_image_ar(args) -> int:
     from specmm.image_ar.metrics import accuracy, fid, kid
     from specmm.zoo import imagegen
 
+    draft_chains(args.draft_chain, args.batch_sizes)  # bad --draft-chain: an error before any model loads
     methods = args.methods.split(",") if args.methods else list(METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or methods[0] != "ar":
@@ -180,8 +201,8 @@ def bench_image_ar(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
     partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
-    # drafter rows (exact SD with the drafter, LANTERN) draft a chain of --draft-chain tokens, else the dynamic tree
-    draft_tree = TreeSpec.chain(args.draft_chain) if args.draft_chain else None
+    # drafter rows (exact SD with the drafter, LANTERN, GSD over the drafter) draft a chain of --draft-chain tokens, else the dynamic tree
+    chains = draft_chains(args.draft_chain, args.batch_sizes)
     settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
                 "seed": args.seed, "compile": bool(args.compile), "draft_chain": args.draft_chain, **sampling, **knobs,
                 "dtype": str(args.dtype)}
@@ -206,7 +227,7 @@ def bench_image_ar(args) -> int:
             if not todo:  # a resumed run that finished this batch size
                 continue
             samplers = {_key(m, c, batch_size): make_sampler(lg, m, drafter, compile=c,
-                                                             tree=draft_tree if m in DRAFT_TREE_METHODS else None,
+                                                             tree=chains[batch_size] if m in DRAFT_TREE_METHODS else None,
                                                              **knobs) for m, c in todo}
             warms = {key: CompileWatch() for key in samplers}
             timed = {key: CompileWatch() for key in samplers}
@@ -240,7 +261,7 @@ def bench_image_ar(args) -> int:
                     timed_compiles=timed[key].events, round_ms=split,
                     extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                            "class acc": f"{accuracy(logits, labels):.2f}",
-                           "TV moved/accepted draft": f"{run['moved']:.3f}" if method in ("lantern", "lantern++", "gsd")
+                           "TV moved/accepted draft": f"{run['moved']:.3f}" if method in RELAXED_METHODS
                            else "-"})
                 atomic_write_text(partial / "rows.json", json.dumps({k: asdict(v) for k, v in done["rows"].items()}))
                 if batch_size == args.batch_sizes[0] and not compiled:
@@ -256,10 +277,11 @@ def bench_image_ar(args) -> int:
             "size (other seeds); the AR row is the AR-vs-AR noise floor. KID: unbiased MMD^2 (can be negative), "
             "mean ± std over 50 random subsets of 2/3 of each set; FID on fewer images than feature dimensions is "
             "dominated by estimation noise."),
-            (f"LANTERN / LANTERN++ / exact SD use the zoo image drafter (heldout top-1 agreement "
+            (f"LANTERN / LANTERN++ / exact SD / gsd-drafter use the zoo image drafter (heldout top-1 agreement "
             f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
-            (f"exact SD and LANTERN draft a chain of {args.draft_chain} tokens" if args.draft_chain else
-             f"exact SD and LANTERN draft the dynamic tree (depth {DRAFTER_TREE.depth}, top-k {DRAFTER_TREE.top_k}, "
+            (f"exact SD, LANTERN and gsd-drafter draft a chain of {_chain_text(chains)} tokens" if args.draft_chain else
+             f"exact SD, LANTERN and gsd-drafter draft the dynamic tree (depth {DRAFTER_TREE.depth}, "
+             f"top-k {DRAFTER_TREE.top_k}, "
              f"{DRAFTER_TREE.total_tokens} nodes)") +
             "; LANTERN++ its upstream `naive_extend_57` tree.",
         ]
@@ -301,7 +323,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--repeats", type=int, default=1, help="with --model: timed runs per method (median)")
     p.add_argument("--dtype", default="float32", help="weights dtype: the stock model's (--model), else the zoo GPT's "
                    "and its drafter's (the VQ and the judge stay float32)")
-    p.add_argument("--methods", help="comma-separated, starting with ar (default: ar,exact,sjd,lantern,lantern++,gsd)")
+    p.add_argument("--methods", help="comma-separated, starting with ar (default: ar,exact,sjd,lantern,lantern++,gsd,"
+                   "gsd-drafter)")
     p.add_argument("--images", type=int, default=40, help="images per method and batch size")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--cfg-scale", type=float, default=2.0)
@@ -311,9 +334,10 @@ def add_parser(bsub) -> None:
     p.add_argument("--lam", type=float, default=5.0)
     p.add_argument("--lantern-k", type=int, default=32)
     p.add_argument("--lantern-pp-k", type=int, default=10)
-    p.add_argument("--draft-chain", type=int,
-                   help="exact SD (with the drafter) and LANTERN draft a chain of this many tokens instead of the "
-                        "sampler's dynamic tree; LANTERN++ keeps its own tree")
+    p.add_argument("--draft-chain", type=int, nargs="+",
+                   help="exact SD (with the drafter), LANTERN and gsd-drafter draft a chain of this many tokens "
+                        "instead of the sampler's dynamic tree; one length, or one per batch size (e.g. 6 3 with --batch-sizes "
+                        "1 8: a verify costs more per token at larger batches); LANTERN++ keeps its own tree")
     p.add_argument("--gsd-window", type=int, default=14)
     p.add_argument("--gsd-gap", type=float, default=0.15, help="GSD: max |p(y) - p(x)| inside a group")
     p.add_argument("--gsd-quantile", type=float, default=0.05,

@@ -128,7 +128,7 @@ def cmd_sample_images(args) -> int:
         settings["delta"] = args.delta
     if args.method == "lantern++":
         settings["lam"] = args.lam
-    if drafter is not None and args.method in ("exact", "lantern", "lantern++"):
+    if drafter is not None and args.method in ("exact", *NEEDS_DRAFTER):
         from specmm.jobs import fingerprint
 
         settings["drafter"] = fingerprint(args.drafter)
@@ -276,8 +276,9 @@ def add_parser(sub) -> None:
                    help="pixels (default and only valid value: the GPT's token grid x the VQ downsample)")
     p.add_argument("--classes", help="LlamaGen: comma-separated class ids, e.g. 1,2")
     p.add_argument("--per-class", type=int_range(1, 1000), default=4, help="images per class or prompt (1..1000)")
-    p.add_argument("--method", default="sjd", choices=["ar", "exact", "sjd", "lantern", "lantern++", "gsd"])
-    p.add_argument("--drafter", help="image drafter folder (needed by lantern and lantern++)")
+    p.add_argument("--method", default="sjd",
+                   choices=["ar", "exact", "sjd", "lantern", "lantern++", "gsd", "gsd-drafter"])
+    p.add_argument("--drafter", help="image drafter folder (needed by lantern, lantern++ and gsd-drafter)")
     p.add_argument("--delta", type=float_range(0.0, 1.0), default=0.1, help="LANTERN TV budget in [0, 1]")
     p.add_argument("--lam", type=float_range(1.0), default=5.0, help="LANTERN++ lambda (>= 1)")
     p.add_argument("--cfg-scale", type=float_range(1.0), default=4.0, help="guidance scale (finite, >= 1)")

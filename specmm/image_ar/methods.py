@@ -1,4 +1,5 @@
-"""Named methods -> ImageSampler: AR, exact SD, SJD, LANTERN, LANTERN++, GSD (as the CLI and bench name them)."""
+"""Named methods -> ImageSampler: AR, exact SD, SJD, LANTERN, LANTERN++, GSD over Jacobi windows (the paper's setting)
+and GSD over the image drafter (as the CLI and bench name them)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from specmm.image_ar.models import ImageModel, image_model_for
 from specmm.image_ar.sampler import ImageSampler
 from specmm.image_ar.trees import lantern_pp_tree
 
-METHODS = ("ar", "exact", "sjd", "lantern", "lantern++", "gsd")
-NEEDS_DRAFTER = ("lantern", "lantern++")
+METHODS = ("ar", "exact", "sjd", "lantern", "lantern++", "gsd", "gsd-drafter")
+NEEDS_DRAFTER = ("lantern", "lantern++", "gsd-drafter")
 
 
 def make_sampler(lg: LlamaGen | ImageModel, method: str, drafter: ImageDrafter | None = None, *, window: int = 16,
@@ -19,7 +20,8 @@ def make_sampler(lg: LlamaGen | ImageModel, method: str, drafter: ImageDrafter |
                  lam: float = 5.0, lantern_pp_k: int = 10, gsd_window: int = 14, gsd_p_gap: float = 0.15,
                  gsd_quantile: float = 0.05,
                  cfg_interval: int = -1, compile: bool = False) -> ImageSampler:
-    """exact uses the drafter when given (else Jacobi); sjd and gsd use Jacobi; lantern(++) need a drafter.
+    """exact uses the drafter when given (else Jacobi); sjd and gsd use Jacobi; lantern(++) and gsd-drafter (GSD's
+    grouped rule over the drafter's proposals) need a drafter.
     `lg`: a LlamaGen or an `ImageModel` (stock generators: `image_model_for(model, processor)`).
     `compile=True`: the compiled fast path (`ImageSampler(compile=True)`)."""
     if method not in METHODS:
@@ -34,9 +36,11 @@ def make_sampler(lg: LlamaGen | ImageModel, method: str, drafter: ImageDrafter |
         return ImageSampler(lg, proposer=drafter or "jacobi", acceptance=Exact(), tree=tree, **common)
     if method == "sjd":
         return ImageSampler(lg, proposer="jacobi", acceptance=SJD(), **common)
-    if method == "gsd":
-        return ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=gsd_window, p_gap=gsd_p_gap,
-                                                                                quantile=gsd_quantile), **common)
+    if method in ("gsd", "gsd-drafter"):
+        rule = GSD(window=gsd_window, p_gap=gsd_p_gap, quantile=gsd_quantile)
+        if method == "gsd":
+            return ImageSampler(lg, proposer="jacobi", acceptance=rule, **common)
+        return ImageSampler(lg, proposer=drafter, acceptance=rule, tree=tree, **common)
     if method == "lantern":
         return ImageSampler(lg, proposer=drafter, acceptance=Lantern(k=min(lantern_k, codes - 1), delta=delta),
                             tree=tree, **common)

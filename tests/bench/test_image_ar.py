@@ -14,7 +14,7 @@ def test_bench_image_ar_writes_report_with_every_method(tmp_path, monkeypatch):
                  "--top-k", "8", "--out", str(out), "--name", "t"]) == 0
     report = json.loads((out / "t.json").read_text())
     methods = [r["method"] for r in report["rows"]]
-    assert methods == [f"{m} (bs 2)" for m in ("ar", "exact", "sjd", "lantern", "lantern++", "gsd")]
+    assert methods == [f"{m} (bs 2)" for m in ("ar", "exact", "sjd", "lantern", "lantern++", "gsd", "gsd-drafter")]
     rows = {r["method"].split(" ")[0]: r for r in report["rows"]}
     assert rows["ar"]["mean_accepted"] == 1.0
     assert rows["exact"]["matched"] is True and rows["sjd"]["matched"] is True  # greedy tokens equal AR's
@@ -151,26 +151,34 @@ def test_bench_image_ar_draft_chain_gives_drafter_rows_a_chain(tmp_path, monkeyp
     assert "draft a chain of 3 tokens" in (out / "d.md").read_text()
 
 
-def test_bench_image_ar_dtype_puts_the_zoo_gpt_and_drafter_in_bf16_and_lossless_rows_still_match(tmp_path,
-                                                                                                   monkeypatch):
-    """--dtype on the zoo path (the GPU run's bf16): the GPT and its drafter in that dtype, the VQ and judge float32;
-    exact SD's greedy tokens still equal greedy AR's, compiled too (capture only here)."""
-    import torch
-
-    from specmm import zoo
-    from specmm.zoo import imagegen
-
+def test_bench_image_ar_draft_chain_per_batch_size(tmp_path, monkeypatch):
+    """--draft-chain 3 1 with --batch-sizes 1 2: each batch size's drafter rows draft their own chain."""
     monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
+    from specmm.image_ar import methods
+
+    depths, real = [], methods.make_sampler
+
+    def spy(lg, method, drafter=None, **kw):
+        sampler = real(lg, method, drafter, **kw)
+        depths.append((method, sampler.tree.depth if sampler.tree else None))
+        return sampler
+
+    monkeypatch.setattr(methods, "make_sampler", spy)
     out = tmp_path / "bench"
-    assert main(["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "2", "--window", "4",
-                 "--methods", "ar,exact", "--top-k", "8", "--dtype", "bfloat16", "--compile", "--out", str(out),
-                 "--name", "b"]) == 0
-    report = json.loads((out / "b.json").read_text())
-    assert report["setup"]["GPT and drafter dtype"] == "torch.bfloat16"
-    rows = {r["method"]: r for r in report["rows"]}
-    assert rows["exact (bs 2)"]["matched"] is True and rows["exact, compiled (bs 2)"]["matched"] is True
-    models = imagegen.load(zoo.build("imagegen", "tiny"), "cpu", torch.bfloat16)
-    assert {p.dtype for p in models.lg.gpt.parameters()} == {torch.bfloat16}
-    assert {p.dtype for p in models.drafter.head.parameters()} == {torch.bfloat16}
-    assert {p.dtype for p in models.lg.vq.parameters()} == {torch.float32}
+    assert main(["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "1", "2", "--methods",
+                 "ar,lantern", "--top-k", "8", "--draft-chain", "3", "1", "--out", str(out), "--name", "d"]) == 0
+    assert [d for m, d in depths if m == "lantern"] == [3, 1]
+    rows = {r["method"]: r for r in json.loads((out / "d.json").read_text())["rows"]}
+    assert rows["lantern (bs 2)"]["mean_accepted"] <= 2.0 < rows["lantern (bs 1)"]["mean_accepted"]
+    assert "draft a chain of 3 at batch 1, 1 at batch 2 tokens" in (out / "d.md").read_text()
+
+
+def test_bench_image_ar_refuses_a_bad_draft_chain_before_building_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    args = ["bench", "image_ar", "--scale", "tiny", "--batch-sizes", "1", "8", "--out", str(tmp_path / "bench")]
+    assert main([*args, "--draft-chain", "3", "2", "1"]) == 2  # neither one length nor one per batch size
+    assert "--draft-chain: one length >= 1, or one per batch size (2: 1 8); got 3 2 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--draft-chain", "0"])
+    assert exit_info.value.code == 2 and "expected an integer >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "home").exists()
