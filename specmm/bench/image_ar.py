@@ -161,11 +161,12 @@ def draft_chains(lengths: list[int] | None, batch_sizes: list[int]) -> dict[int,
     return {bs: TreeSpec.chain(n) for bs, n in zip(batch_sizes, per_size)}
 
 
-def _chain_text(chains: dict[int, TreeSpec | None]) -> str:
-    depths = {tree.depth for tree in chains.values()}
-    if len(depths) == 1:
-        return str(depths.pop())
-    return ", ".join(f"{tree.depth} at batch {bs}" for bs, tree in chains.items())
+def _chain_text(chains: dict[int, TreeSpec]) -> str:
+    """'a chain of 6 tokens', or per batch size 'a chain of 6 tokens at batch 1, of 3 tokens at batch 8'."""
+    depths = [tree.depth for tree in chains.values()]
+    if len(set(depths)) == 1:
+        return f"a chain of {depths[0]} tokens"
+    return "a chain " + ", ".join(f"of {tree.depth} tokens at batch {bs}" for bs, tree in chains.items())
 
 
 def bench_image_ar(args) -> int:
@@ -279,7 +280,7 @@ def bench_image_ar(args) -> int:
             "dominated by estimation noise."),
             (f"LANTERN / LANTERN++ / exact SD / gsd-drafter use the zoo image drafter (heldout top-1 agreement "
             f"{record['drafter']['heldout_top1_agreement']:.2f}); SJD and GSD use Jacobi windows of {args.window}."),
-            (f"exact SD, LANTERN and gsd-drafter draft a chain of {_chain_text(chains)} tokens" if args.draft_chain else
+            (f"exact SD, LANTERN and gsd-drafter draft {_chain_text(chains)}" if args.draft_chain else
              f"exact SD, LANTERN and gsd-drafter draft the dynamic tree (depth {DRAFTER_TREE.depth}, "
              f"top-k {DRAFTER_TREE.top_k}, "
              f"{DRAFTER_TREE.total_tokens} nodes)") +

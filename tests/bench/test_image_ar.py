@@ -170,7 +170,7 @@ def test_bench_image_ar_draft_chain_per_batch_size(tmp_path, monkeypatch):
     assert [d for m, d in depths if m == "lantern"] == [3, 1]
     rows = {r["method"]: r for r in json.loads((out / "d.json").read_text())["rows"]}
     assert rows["lantern (bs 2)"]["mean_accepted"] <= 2.0 < rows["lantern (bs 1)"]["mean_accepted"]
-    assert "draft a chain of 3 at batch 1, 1 at batch 2 tokens" in (out / "d.md").read_text()
+    assert "draft a chain of 3 tokens at batch 1, of 1 tokens at batch 2" in (out / "d.md").read_text()
 
 
 def test_bench_image_ar_refuses_a_bad_draft_chain_before_building_anything(tmp_path, monkeypatch, capsys):

@@ -22,7 +22,7 @@ if [ "$SET" = media ]; then
     exit 0
   fi
   step vlm 270 bench vlm --scale cpu --device $DEV --dtype bfloat16 --compile --methods eagle,vispec --trees chain --batch-sizes 1 --temperatures 0 --repeats 2 --warmup 1 --out $R/work --name vlm-captioner-cpu-cuda-bf16-compiled
-  step image_ar 240 bench image_ar --scale cpu --device $DEV --compile --methods ar,lantern,gsd --draft-chain 6 --gsd-window 30 --gsd-gap 0.5 --gsd-quantile 0.2 --images 32 --batch-sizes 1 8 --dtype bfloat16 --out $R/work --name image_ar-imagegen-cpu-cuda-bf16-compiled
+  step image_ar 240 bench image_ar --scale cpu --device $DEV --compile --methods ar,lantern,gsd --draft-chain 6 3 --gsd-window 30 --gsd-gap 0.5 --gsd-quantile 0.2 --images 32 --batch-sizes 1 8 --dtype bfloat16 --out $R/work --name image_ar-imagegen-cpu-cuda-bf16-compiled
   exit 0
 fi
 if [ "$QUICK" = 1 ]; then
