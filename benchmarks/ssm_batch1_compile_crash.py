@@ -12,9 +12,13 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
   12-node tree segfaults. Chains of 2 and 4, the 6-node static tree and a dynamic (2, 2, 4) tree run and match HF.
 - the same trees at batch 2 and 4 run and match HF; eager mode runs at every batch size;
 - the `aot_eager` backend (`SPECMM_COMPILE_BACKEND=aot_eager`) runs and matches, so the traced graph is sound
-  and the fault is in inductor's generated code; `INDUCTOR_SIMDLEN=1` runs and matches, 256-bit vectors do not;
-  turning off tail vectorisation, tiling heuristics or buffer reuse does not help; inductor's compiler bisector
-  (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
+  and the fault is in inductor's generated code; `INDUCTOR_SIMDLEN=1` runs and matches.
+- not yet conclusive: 256-bit vectors, no tail vectorisation, no tiling heuristics and no buffer reuse still
+  crashed, and inductor's compiler bisector (`python -m torch._inductor.compiler_bisector run`) found no subsystem
+  whose removal fixes it; but those runs shared one on-disk inductor cache (`/tmp/torchinductor_<user>`), which
+  the same experiments were later seen to pollute (three unrelated compiled tests failed on it and passed on an
+  empty cache), so they may have reused the crashing kernels. Re-check each with
+  `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`.
 """
 
 import os
