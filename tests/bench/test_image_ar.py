@@ -182,3 +182,28 @@ def test_bench_image_ar_refuses_a_bad_draft_chain_before_building_anything(tmp_p
         main([*args, "--draft-chain", "0"])
     assert exit_info.value.code == 2 and "expected an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "home").exists()
+
+
+def test_bench_image_ar_dtype_puts_the_zoo_gpt_and_drafter_in_bf16_and_lossless_rows_still_match(tmp_path,
+                                                                                                   monkeypatch):
+    """--dtype on the zoo path (the GPU run's bf16): the GPT and its drafter in that dtype, the VQ and judge float32;
+    exact SD's greedy tokens still equal greedy AR's, compiled too (capture only here)."""
+    import torch
+
+    from specmm import zoo
+    from specmm.zoo import imagegen
+
+    monkeypatch.setenv("SPECMM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
+    out = tmp_path / "bench"
+    assert main(["bench", "image_ar", "--scale", "tiny", "--images", "2", "--batch-sizes", "2", "--window", "4",
+                 "--methods", "ar,exact", "--top-k", "8", "--dtype", "bfloat16", "--compile", "--out", str(out),
+                 "--name", "b"]) == 0
+    report = json.loads((out / "b.json").read_text())
+    assert report["setup"]["GPT and drafter dtype"] == "torch.bfloat16"
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["exact (bs 2)"]["matched"] is True and rows["exact, compiled (bs 2)"]["matched"] is True
+    models = imagegen.load(zoo.build("imagegen", "tiny"), "cpu", torch.bfloat16)
+    assert {p.dtype for p in models.lg.gpt.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in models.drafter.head.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in models.lg.vq.parameters()} == {torch.float32}
