@@ -48,10 +48,6 @@ def _sample_chunk(sampler, chunk: list[int], start: int, seed: int, sampling: di
     return sampler.sample(torch.tensor(chunk), generator=gens, **sampling)
 
 
-def _empty_set() -> dict:
-    return {"images": [], "tokens": [], "forwards": 0, "seconds": 0.0, "moved": 0.0, "drafts": 0}
-
-
 @dataclass
 class _Batch:
     """What one batch of a set contributes (a `SampleResult`'s images, tokens and stats, on the CPU)."""
@@ -79,26 +75,19 @@ class _Batch:
         return cls(**{**state, "images": [Image.fromarray(array.numpy()) for array in state["images"]]})
 
 
-def _add(acc: dict, batch: _Batch) -> None:
-    acc["images"] += batch.images
-    acc["tokens"].append(batch.tokens)
-    acc["forwards"] += batch.forwards
-    acc["seconds"] += batch.seconds
-    acc["moved"] += batch.moved
-    acc["drafts"] += batch.drafts
-
-
-def _summary(acc: dict) -> dict:
-    all_tokens = torch.cat(acc["tokens"])
-    return {"images": acc["images"], "tokens": all_tokens, "compression": all_tokens.numel() / acc["forwards"],
-            "seconds": acc["seconds"], "moved": acc["moved"] / max(acc["drafts"], 1)}
+def _summary(batches: list[_Batch]) -> dict:
+    """One set's totals over its batches: images, tokens, step compression, seconds, TV moved per accepted draft."""
+    all_tokens = torch.cat([b.tokens for b in batches])
+    return {"images": [image for b in batches for image in b.images], "tokens": all_tokens,
+            "compression": all_tokens.numel() / sum(b.forwards for b in batches),
+            "seconds": sum(b.seconds for b in batches),
+            "moved": sum(b.moved for b in batches) / max(sum(b.drafts for b in batches), 1)}
 
 
 def _sample_set(sampler, classes: list[int], batch_size: int, seed: int, sampling: dict, device) -> dict:
-    acc = _empty_set()
-    for start in range(0, len(classes), batch_size):
-        _add(acc, _Batch.of(_sample_chunk(sampler, classes[start: start + batch_size], start, seed, sampling, device)))
-    return _summary(acc)
+    starts = range(0, len(classes), batch_size)
+    return _summary([_Batch.of(_sample_chunk(sampler, classes[s: s + batch_size], s, seed, sampling, device))
+                     for s in starts])
 
 
 def _interleaved_sets(samplers: dict, classes: list[int], batch_size: int, seed: int, sampling: dict, device,
@@ -106,13 +95,13 @@ def _interleaved_sets(samplers: dict, classes: list[int], batch_size: int, seed:
     """Every sampler over the same classes and per-image seeds, batch by batch in turn, so that a drift in the
     machine's speed hits every method alike. Each batch's results are saved to `progress/<start>.pt` (atomically);
     a resumed run reads them back and continues after the last saved batch."""
-    sets, first = {key: _empty_set() for key in samplers}, 0
+    sets, first = {key: [] for key in samplers}, 0
     for path in sorted(progress.glob("*.pt")) if progress.is_dir() else []:
         saved = torch.load(path, weights_only=True)
         if int(path.stem) != first or not set(samplers) <= set(saved):
             break  # a gap or another set of methods: the rest is redone
         for key in samplers:
-            _add(sets[key], _Batch.from_state(saved[key]))
+            sets[key].append(_Batch.from_state(saved[key]))
         first += batch_size
     starts = range(first, len(classes), batch_size)
     for start in tqdm(starts, desc=f"bench image_ar bs{batch_size}: batches", disable=len(starts) < 2):
@@ -121,11 +110,11 @@ def _interleaved_sets(samplers: dict, classes: list[int], batch_size: int, seed:
             with watches[key]:
                 res = _sample_chunk(sampler, classes[start: start + batch_size], start, seed, sampling, device)
             batch[key] = _Batch.of(res)
-            _add(sets[key], batch[key])
+            sets[key].append(batch[key])
         progress.mkdir(parents=True, exist_ok=True)
         with atomic_writer(progress / f"{start:07d}.pt") as f:
             torch.save({key: b.state() for key, b in batch.items()}, f)
-    return {key: _summary(acc) for key, acc in sets.items()}
+    return {key: _summary(batches) for key, batches in sets.items()}
 
 
 def _warm_up(sampler, classes: list[int], batch_size: int, sampling: dict, device) -> None:
@@ -182,7 +171,9 @@ def bench_image_ar(args) -> int:
     from specmm.image_ar.metrics import accuracy, fid, kid
     from specmm.zoo import imagegen
 
-    draft_chains(args.draft_chain, args.batch_sizes)  # bad --draft-chain: an error before any model loads
+    # drafter rows (exact SD with the drafter, LANTERN, GSD over the drafter) draft a chain per batch size, else the
+    # dynamic tree; a bad --draft-chain is an error before any model loads
+    chains = draft_chains(args.draft_chain, args.batch_sizes)
     methods = args.methods.split(",") if args.methods else list(METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or methods[0] != "ar":
@@ -202,8 +193,6 @@ def bench_image_ar(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"image_ar-imagegen-{args.scale}-{device.type}"
     partial = out / f"{stem}.partial"  # rows (JSON) and AR reference features so far: --resume continues
-    # drafter rows (exact SD with the drafter, LANTERN, GSD over the drafter) draft a chain of --draft-chain tokens, else the dynamic tree
-    chains = draft_chains(args.draft_chain, args.batch_sizes)
     settings = {"scale": args.scale, "methods": methods, "images": args.images, "batch_sizes": args.batch_sizes,
                 "seed": args.seed, "compile": bool(args.compile), "draft_chain": args.draft_chain, **sampling, **knobs,
                 "dtype": str(args.dtype)}
@@ -227,9 +216,9 @@ def bench_image_ar(args) -> int:
             todo = [(m, c) for m, c in variants if _key(m, c, batch_size) not in done["rows"]]
             if not todo:  # a resumed run that finished this batch size
                 continue
-            samplers = {_key(m, c, batch_size): make_sampler(lg, m, drafter, compile=c,
-                                                             tree=chains[batch_size] if m in DRAFT_TREE_METHODS else None,
-                                                             **knobs) for m, c in todo}
+            trees = {m: chains[batch_size] if m in DRAFT_TREE_METHODS else None for m, _ in todo}
+            samplers = {_key(m, c, batch_size): make_sampler(lg, m, drafter, compile=c, tree=trees[m], **knobs)
+                        for m, c in todo}
             warms = {key: CompileWatch() for key in samplers}
             timed = {key: CompileWatch() for key in samplers}
             for (method, compiled), key in zip(todo, samplers):
@@ -337,8 +326,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--lantern-pp-k", type=int, default=10)
     p.add_argument("--draft-chain", type=int, nargs="+",
                    help="exact SD (with the drafter), LANTERN and gsd-drafter draft a chain of this many tokens "
-                        "instead of the sampler's dynamic tree; one length, or one per batch size (e.g. 6 3 with --batch-sizes "
-                        "1 8: a verify costs more per token at larger batches); LANTERN++ keeps its own tree")
+                        "instead of the sampler's dynamic tree; one length, or one per batch size (e.g. 6 3 with "
+                        "--batch-sizes 1 8: a verify costs more per token at larger batches); LANTERN++ keeps its "
+                        "own tree")
     p.add_argument("--gsd-window", type=int, default=14)
     p.add_argument("--gsd-gap", type=float, default=0.15, help="GSD: max |p(y) - p(x)| inside a group")
     p.add_argument("--gsd-quantile", type=float, default=0.05,

@@ -32,3 +32,16 @@ def test_gsd_drafter_with_singleton_groups_is_exact(lg):
 def test_drafter_methods_refuse_to_run_without_one(lg, method):
     with pytest.raises(ValueError, match="needs a trained image drafter"):
         make_sampler(lg, method)
+
+
+def test_sample_images_offers_every_named_method():
+    """The CLI lists the methods literally (its parser loads no model code): the list must stay `METHODS`."""
+    import argparse
+
+    from specmm.cli.images import add_parser
+    from specmm.image_ar.methods import METHODS
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    method = next(a for a in sub.choices["sample-images"]._actions if a.dest == "method")
+    assert tuple(method.choices) == METHODS
