@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specmm.core.draws import DrawTape
+from specmm.core.graph_state import StateSnapshot, own_rebound
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +86,13 @@ def owned_outputs(value):
 
 
 def reset_graphs() -> None:
-    """Forget every recorded CUDA graph. An exception inside a graphed call leaves the trees' bookkeeping half
-    updated, and each later graphed call in the process then fails; a benchmark calls this after a failed row."""
+    """Forget every compiled graph and recorded CUDA graph. An exception inside a graphed call leaves the trees'
+    bookkeeping half updated, and each later graphed call in the process then fails; a benchmark calls this after a
+    failed row. Dynamo's caches go too (`torch._dynamo.reset`, which resets the trees): a compiled function kept
+    from before a bare tree reset asserts "Running CUDAGraph after shutdown" (the first GPU run's HF static row),
+    so every compiled function traces again (inductor's on-disk cache makes that faster than the first time)."""
     if torch.cuda.is_available():
-        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-
-        reset_cudagraph_trees()
+        torch._dynamo.reset()
 
 
 def compiles(plan: StaticPlan | None) -> bool:
@@ -295,6 +297,8 @@ class CompiledRound:
         if self.failed is not None:
             return self.step(*args, **kwargs)
         graphs, started = graphs_compiled(), time.perf_counter()
+        state = [*args, *kwargs.values()]
+        before = StateSnapshot(state) if self.mode == GRAPHED else None
         try:
             out = run_graphed(self.compiled, self.mode, *args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
@@ -304,6 +308,8 @@ class CompiledRound:
             warnings.warn(f"compile=True: the round does not compile as one graph ({self.failed}); its parts run "
                           "compiled one by one, which is slower", RuntimeWarning, stacklevel=2)
             return self.step(*args, **kwargs)
+        if before is not None:  # what the round rebound lives in the graph's pool: copied out
+            own_rebound(state, before)
         if graphs_compiled() != graphs:
             CompileClock.seconds += time.perf_counter() - started
         return out

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import StaticPlan, compiled_forward
+from specmm.core.compiled import GRAPHED, StaticPlan, compiled_forward
 from specmm.core.limits import check_position_scheme, position_limit
 from specmm.core.slot_cache import SlotRowCache
 from specmm.core.static_cache import StaticRowCache
@@ -150,8 +150,11 @@ class ModelRunner:
             mask = {"full_attention": self._format(full),
                     "sliding_attention": self._format(self.cache.windowed(full, self.window))}
         call = self.compiled if fast else self.model
-        return call(attention_mask=mask, position_ids=positions, use_cache=True,
-                    **{self.cache_keyword: self.cache.cache}, **inputs)
+        out = call(attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{self.cache_keyword: self.cache.cache}, **inputs)
+        if fast and self._captured is not None and self.compiled.mode == GRAPHED and not torch.compiler.is_compiling():
+            self._captured = self._captured.clone()  # the hook kept a CUDA graph's output buffer (`graph_state`)
+        return out
 
     def _format(self, mask: Tensor) -> Tensor:
         """Bool masks for sdpa; additive float masks for eager attention."""

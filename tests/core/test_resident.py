@@ -12,6 +12,7 @@ import specmm
 from specmm.core import compiled
 from specmm.core.compiled import GRAPHED
 from specmm.core.resident import resident
+from specmm.core.target import ModelRunner
 from specmm.drafters import EagleDrafter, ModelDrafter, PromptLookupDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 
@@ -40,23 +41,42 @@ def reachable_tensors(roots: list[tuple[str, object]], depth: int = 8) -> dict[i
     return found
 
 
+def state_of(args: tuple, kwargs: dict) -> dict[int, tuple[torch.Tensor, str]]:
+    return reachable_tensors([(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items()))
+
+
 @pytest.fixture
 def round_writes(monkeypatch):
-    """Per compiled round: (path, data pointer, static marking) of every reachable tensor the round wrote."""
+    """Per compiled round: (path, data pointer, static marking) of every reachable tensor the round wrote, and as
+    (path, "graph output", None) every tensor the round left bound in its state whose memory the graph itself made:
+    under CUDA graphs that is the graph's output pool, which the next replay overwrites while the state still reads
+    it (the first GPU run's "accessing tensor output of CUDAGraphs that has been overwritten")."""
     monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
     monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
     rounds: list[list[tuple[str, int, str | None]]] = []
-    original = compiled.CompiledRound.__call__
+    made: list[list[torch.Tensor]] = []  # the tensors each graphed call bound into the state (held: no address reuse)
+    original_round, original_run = compiled.CompiledRound.__call__, compiled.run_graphed
 
-    def recording(self, *args, **kwargs):
-        tensors = reachable_tensors([(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items()))
-        before = {key: tensor._version for key, (tensor, _) in tensors.items()}
-        out = original(self, *args, **kwargs)
-        rounds.append([(path, tensor.data_ptr(), getattr(tensor, "_dynamo_static_input_type", None))
-                       for key, (tensor, path) in tensors.items() if tensor._version != before[key]])
+    def graph_call(fn, mode, *args, **kwargs):
+        before = state_of(args, kwargs)
+        out = original_run(fn, mode, *args, **kwargs)
+        made.append([t for key, (t, _) in state_of(args, kwargs).items() if key not in before])
         return out
 
+    def recording(self, *args, **kwargs):
+        tensors = state_of(args, kwargs)
+        before = {key: tensor._version for key, (tensor, _) in tensors.items()}
+        made.clear()
+        out = original_round(self, *args, **kwargs)
+        graph_memory = {t.untyped_storage().data_ptr() for tensors_made in made for t in tensors_made}
+        rounds.append([(path, tensor.data_ptr(), getattr(tensor, "_dynamo_static_input_type", None))
+                       for key, (tensor, path) in tensors.items() if tensor._version != before[key]]
+                      + [(path, "graph output", None) for key, (tensor, path) in state_of(args, kwargs).items()
+                         if key not in tensors and tensor.untyped_storage().data_ptr() in graph_memory])
+        return out
+
+    monkeypatch.setattr(compiled, "run_graphed", graph_call)
     monkeypatch.setattr(compiled.CompiledRound, "__call__", recording)
     return rounds
 
@@ -112,9 +132,45 @@ def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reu
         generations.append((out.sequences.clone(), out.sequences, round_writes[-1]))
     for _, _, writes in generations:
         assert any(path.startswith("arg") for path, _, _ in writes)  # the engine's state at least
-        assert [path for path, _, marking in writes if marking is None] == []  # every written tensor is static
+        not_static = [path for path, _, marking in writes if marking is None]
+        assert not_static == [], f"written or rebound outside static buffers: {not_static}"
     assert {(p, ptr) for p, ptr, _ in generations[0][2]} == {(p, ptr) for p, ptr, _ in generations[1][2]}
     assert torch.equal(generations[0][0], generations[0][1])  # the first result is not overwritten by the second
+
+
+def test_features_a_graphed_forward_captures_are_copied_out_of_the_graph(monkeypatch):
+    """The first round runs per part: the target's graphed forward stores its features through a hook, which under
+    CUDA graphs binds the graph's output buffer; the runner must hold a copy (the second GPU run's failure)."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    runners, made, kept = [], [], []
+    original_init, original_forward, original_run = ModelRunner.__init__, ModelRunner.forward, compiled.run_graphed
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        runners.append(self)
+
+    def graph_call(fn, mode, *args, **kwargs):
+        before = [r._captured for r in runners]
+        out = original_run(fn, mode, *args, **kwargs)
+        made.extend(r._captured for r, old in zip(runners, before) if r._captured is not old)  # held: no reuse
+        return out
+
+    def forward(self, *args, **kwargs):
+        out = original_forward(self, *args, **kwargs)
+        if self._captured is not None:
+            kept.append(self._captured.untyped_storage().data_ptr())
+        return out
+
+    monkeypatch.setattr(ModelRunner, "__init__", init)
+    monkeypatch.setattr(ModelRunner, "forward", forward)
+    monkeypatch.setattr(compiled, "run_graphed", graph_call)
+    target, make_drafter, tree, inputs = llama_case("eagle")
+    specmm.SpeculativeGenerator(target, make_drafter(), tree=tree, compile=True).generate(
+        **inputs, max_new_tokens=10, pad_token_id=0)
+    assert made, "no graphed forward captured features"
+    assert not set(kept) & {t.untyped_storage().data_ptr() for t in made}
 
 
 def test_resident_buffers_belong_to_one_owner_name_and_shape_and_only_under_cuda_graphs():
