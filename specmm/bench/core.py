@@ -37,6 +37,8 @@ class CoreBenchSetup(FastPathSetup):
     k: int = 4
     lookup_k: int | None = None  # prompt lookup's draft length (None: k); copying costs no forwards, so it can be long
     tree: specmm.TreeSpec = specmm.TreeSpec.dynamic(depth=5, top_k=4, total_tokens=24)
+    trees: tuple[str, ...] = ("chain", "dynamic")  # rows per drafter: a chain of k tokens and/or `tree`
+    lookup: bool = True  # the prompt lookup rows
     eos_token_id: int | None = None
     pad_token_id: int = 0
     repeats: int = 3
@@ -132,11 +134,15 @@ def core_methods(target: nn.Module, draft: nn.Module | None, input_ids: Tensor, 
     for mode in setup.modes:
         for label, factory in factories.items():
             prefix = f"specmm {label} " if label else "specmm "
-            methods += [speculative(f"{prefix}chain k={setup.k}", factory, specmm.TreeSpec.chain(setup.k), mode),
-                        speculative(f"{prefix}tree {_describe(setup.tree)}", factory, setup.tree, mode)]
-        lookup_k = setup.lookup_k or setup.k
-        methods.append(speculative(f"specmm prompt lookup k={lookup_k}", lambda: PromptLookupDrafter(ngram=3, k=lookup_k),
-                                   specmm.TreeSpec.chain(lookup_k), mode))
+            if "chain" in setup.trees:
+                methods.append(speculative(f"{prefix}chain k={setup.k}", factory, specmm.TreeSpec.chain(setup.k), mode))
+            if "dynamic" in setup.trees:
+                methods.append(speculative(f"{prefix}tree {_describe(setup.tree)}", factory, setup.tree, mode))
+        if setup.lookup:
+            lookup_k = setup.lookup_k or setup.k
+            methods.append(speculative(f"specmm prompt lookup k={lookup_k}",
+                                       lambda: PromptLookupDrafter(ngram=3, k=lookup_k),
+                                       specmm.TreeSpec.chain(lookup_k), mode))
     return methods
 
 

@@ -85,7 +85,8 @@ def _bench_core(args, device, name) -> int:
         data.description["no_repeat_ngram_size"] = args.no_repeat_ngram_size
     setup = CoreBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, lookup_k=args.lookup_k, tree=dynamic_tree(args),
                            eos_token_id=data.eos_token_id, pad_token_id=data.pad_token_id, repeats=args.repeats,
-                           warmup=args.warmup, modes=modes(args))
+                           warmup=args.warmup, modes=modes(args), trees=tuple(args.trees), lookup=not args.no_lookup,
+                           profile=not args.no_profile)
     report, _ = bench_core(data.target, data.draft, data.input_ids, data.attention_mask, setup, command=command_line(),
                            models=data.description, notes=data.notes, drafters=drafters,
                            checkpoint=lambda partial: partial.write(args.out, name))
@@ -119,7 +120,8 @@ def _bench_vlm(args, methods, device, name) -> int:
                           tree=specmm.TreeSpec.dynamic(depth=args.depth or depth, top_k=args.top_k or top_k,
                                                        total_tokens=args.total_tokens or total),
                           k=args.k or k, trees=tuple(args.trees), modes=modes(args),
-                          temperatures=tuple(args.temperatures), repeats=args.repeats, warmup=args.warmup)
+                          temperatures=tuple(args.temperatures), repeats=args.repeats, warmup=args.warmup,
+                          profile=not args.no_profile)
     record = zoo.record("captioner", args.scale)
     description = {"scale": args.scale, "target": f"zoo captioner-{args.scale} "
                    f"({record['models']['target']['parameters'] / 1e6:.2f}M params, {record['image_tokens']} image "
@@ -153,6 +155,8 @@ def modes(args) -> tuple[str, ...]:
     return ("eager", "compiled") if getattr(args, "compile", False) else ("eager",)
 
 
+NO_PROFILE_HELP = ("skip each specmm row's extra profiled run (the per-round time split): a compiled row's profiled "
+                   "run compiles every part on its own, which on a GPU costs about as much as the row's own compile")
 COMPILE_HELP = ("also run HF generate with a static cache + torch.compile (a baseline) and every specmm row in "
                 "compiled mode (static caches, compiled forwards); compile time is measured in the warm-up and "
                 "reported apart")
@@ -244,6 +248,10 @@ def add_parser(sub):
     core.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
     core.add_argument("--lookup-k", type=positive_int, default=8,
                       help="prompt lookup's draft length (default 8: copied drafts cost no forwards)")
+    core.add_argument("--trees", nargs="+", choices=["chain", "dynamic"], default=["chain", "dynamic"],
+                      help="specmm rows per drafter: a chain of --k tokens and/or the dynamic tree")
+    core.add_argument("--no-lookup", action="store_true", help="leave out the prompt lookup rows")
+    core.add_argument("--no-profile", action="store_true", help=NO_PROFILE_HELP)
     core.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
     core.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
     core.add_argument("--total-tokens", type=int_range(2),
@@ -271,6 +279,7 @@ def add_parser(sub):
     vlm.add_argument("--repeats", type=positive_int, default=3)
     vlm.add_argument("--warmup", type=positive_int, default=1, help=WARMUP_HELP)
     vlm.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+    vlm.add_argument("--no-profile", action="store_true", help=NO_PROFILE_HELP)
     vlm.add_argument("--device", type=device_arg, default=default_device())
     vlm.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     vlm.add_argument("--out", default="benchmarks")

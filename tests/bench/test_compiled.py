@@ -71,6 +71,19 @@ def test_cli_compile_flag_selects_compiled_rows():
     assert parser.parse_args(["bench", "reasoning", "--compile"]).compile
 
 
+def test_bench_core_row_selection_keeps_only_the_asked_trees_and_profiles(tmp_path):
+    """--trees, --no-lookup and --no-profile cut a GPU run's compiled rows (each compiles for about a minute)."""
+    from specmm.cli import main
+
+    assert main(["bench", "core", "--random", "--device", "cpu", "--batch-size", "1", "--max-new-tokens", "4",
+                 "--repeats", "1", "--trees", "dynamic", "--no-lookup", "--no-profile", "--out", str(tmp_path),
+                 "--name", "rows"]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    specmm_rows = [r for r in rows if r["method"].startswith("specmm")]
+    assert specmm_rows and all(" tree dynamic(" in r["method"] for r in specmm_rows)
+    assert all(r["round_ms"] == {} for r in specmm_rows)  # no profiled run, so no per-round split
+
+
 def test_bench_core_compile_reports_baselines_compile_time_apart_and_identical_outputs(tmp_path, monkeypatch):
     monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")  # graph capture without kernel codegen
     target = tiny_model("llama", dtype=torch.float32)

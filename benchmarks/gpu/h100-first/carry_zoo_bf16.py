@@ -1,6 +1,6 @@
 """Store the large weight files of the zoo copies in .gpucarry/zoo as bfloat16 and rewrite their zoo.json (sizes and
 hashes), so the builds fit the device tool's 64 MiB transfer. The benches load them with --dtype bfloat16, which
-rounds float32 weights to the same values. Run by prepare.sh: `python carry_zoo_bf16.py [text|media]`."""
+rounds float32 weights to the same values. Run by prepare.sh: `python carry_zoo_bf16.py [text|media] [ZOO_FOLDER]` (default .gpucarry/zoo)."""
 
 import sys
 from pathlib import Path
@@ -19,8 +19,10 @@ SETS = {
                                                                                    "flash")],
               ["captioner-cpu", "captioner-drafters-cpu"]),
 }
+SETS["core-vlm"] = (["code-cpu/target", "code-drafts-cpu/eagle", "code-drafts-cpu/distilled"] + SETS["media"][0],
+                    ["code-cpu", "code-drafts-cpu"] + SETS["media"][1])  # bench core and vlm in one call (stop 46)
 
-root = Path(".gpucarry/zoo")
+root = Path(sys.argv[2] if len(sys.argv) > 2 else ".gpucarry/zoo")
 folders, entries = SETS[sys.argv[1] if len(sys.argv) > 1 else "text"]
 for rel in folders:
     path = root / rel / "model.safetensors"
