@@ -13,12 +13,16 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
 - the same trees at batch 2 and 4 run and match HF; eager mode runs at every batch size;
 - the `aot_eager` backend (`SPECMM_COMPILE_BACKEND=aot_eager`) runs and matches, so the traced graph is sound
   and the fault is in inductor's generated code; `INDUCTOR_SIMDLEN=1` runs and matches.
-- not yet conclusive: 256-bit vectors, no tail vectorisation, no tiling heuristics and no buffer reuse still
-  crashed, and inductor's compiler bisector (`python -m torch._inductor.compiler_bisector run`) found no subsystem
-  whose removal fixes it; but those runs shared one on-disk inductor cache (`/tmp/torchinductor_<user>`), which
-  the same experiments were later seen to pollute (three unrelated compiled tests failed on it and passed on an
-  empty cache), so they may have reused the crashing kernels. Re-check each with
-  `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`.
+- stop 46, re-checked with `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1` and a cache folder of its own
+  (`TORCHINDUCTOR_CACHE_DIR`): the default settings crash; so do 256-bit vectors (`INDUCTOR_SIMDLEN=256`), no tail
+  vectorisation (`cpp.enable_loop_tail_vec=False`), no buffer reuse (`allow_buffer_reuse=False`) and the Python
+  wrapper (`SPECMM_CPP_WRAPPER=0`); `INDUCTOR_SIMDLEN=1` runs and matches HF. So a vectorised kernel's main loop
+  writes out of bounds. The round graph's output code alone reproduces it: run the largest `.py` the crash
+  leaves in the cache folder (its `__main__` calls it on random inputs of the same shapes; the other graphs run
+  clean). valgrind cannot run it (SIGILL: the kernels are built with `-march=native`, AVX-512 even at simdlen 256);
+  next step: rebuild that module's C++ without `-march=native` (or bisect its kernels by hand) to name the kernel.
+- stop 45 (cache possibly polluted, superseded by the above): inductor's compiler bisector
+  (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
 """
 
 import os
