@@ -21,6 +21,9 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
   leaves in the cache folder (its `__main__` calls it on random inputs of the same shapes; the other graphs run
   clean). valgrind cannot run it (SIGILL: the kernels are built with `-march=native`, AVX-512 even at simdlen 256);
   next step: rebuild that module's C++ without `-march=native` (or bisect its kernels by hand) to name the kernel.
+  A workaround tried and dropped: `cpp.simdlen` 1 as a `torch.compile` option of the SSM round alone (a
+  `round_compile_options` hook on the target) did not reach that graph's code generation. Its output code still
+  held 169 `Vectorized` uses, and the crash stayed. With the global setting, no graph holds any.
 - stop 45 (cache possibly polluted, superseded by the above): inductor's compiler bisector
   (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
 """
