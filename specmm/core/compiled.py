@@ -297,8 +297,8 @@ class CompiledRound:
         if self.failed is not None:
             return self.step(*args, **kwargs)
         graphs, started = graphs_compiled(), time.perf_counter()
-        state = [*args, *kwargs.values()]
-        before = StateSnapshot(state) if self.mode == GRAPHED else None
+        state = [*args, *kwargs.values()] if self.mode == GRAPHED else None
+        before = StateSnapshot(state) if state is not None else None
         try:
             out = run_graphed(self.compiled, self.mode, *args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run

@@ -33,9 +33,9 @@ class StateSnapshot:
         self.ids = {id(t) for t in self.tensors}
 
 
-def own_rebound(roots: list[object], before: StateSnapshot) -> int:
+def own_rebound(roots: list[object], before: StateSnapshot) -> None:
     """Replace every tensor reachable from `roots` that `before` did not hold with a copy of it (lists, dicts and
-    objects in place, tuples and named tuples rebuilt in their holder); returns how many were copied."""
+    objects in place, tuples and named tuples rebuilt in their holder)."""
     done: dict[int, object] = {}  # id -> its owned version (one copy of a tensor or tuple held in several places)
 
     def owned(value, depth: int):
@@ -67,7 +67,6 @@ def own_rebound(roots: list[object], before: StateSnapshot) -> int:
 
     for root in roots:
         owned(root, 0)
-    return sum(isinstance(v, Tensor) and k not in before.ids for k, v in done.items())
 
 
 def _items(value) -> list:

@@ -45,15 +45,20 @@ def state_of(args: tuple, kwargs: dict) -> dict[int, tuple[torch.Tensor, str]]:
     return reachable_tensors([(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items()))
 
 
+def graphed_on_cpu(monkeypatch) -> None:
+    """Compiled mode's CUDA-graph host side on a CPU: graph capture without kernels (aot_eager), GRAPHED mode."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+
+
 @pytest.fixture
 def round_writes(monkeypatch):
     """Per compiled round: (path, data pointer, static marking) of every reachable tensor the round wrote, and as
     (path, "graph output", None) every tensor the round left bound in its state whose memory the graph itself made:
     under CUDA graphs that is the graph's output pool, which the next replay overwrites while the state still reads
     it (the first GPU run's "accessing tensor output of CUDAGraphs that has been overwritten")."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
-    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    graphed_on_cpu(monkeypatch)
     rounds: list[list[tuple[str, int, str | None]]] = []
     made: list[list[torch.Tensor]] = []  # the tensors each graphed call bound into the state (held: no address reuse)
     original_round, original_run = compiled.CompiledRound.__call__, compiled.run_graphed
@@ -141,9 +146,7 @@ def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reu
 def test_features_a_graphed_forward_captures_are_copied_out_of_the_graph(monkeypatch):
     """The first round runs per part: the target's graphed forward stores its features through a hook, which under
     CUDA graphs binds the graph's output buffer; the runner must hold a copy (the second GPU run's failure)."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
-    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    graphed_on_cpu(monkeypatch)
     runners, made, shared = [], [], []
     original_init, original_forward, original_run = ModelRunner.__init__, ModelRunner.forward, compiled.run_graphed
 
