@@ -1,4 +1,4 @@
-"""Repro: compiled STree verify at batch 1 with 8 or more tree nodes corrupts the heap on CPU (inductor).
+"""Repro: compiled STree verify at batch 1 with 8 or more tree nodes corrupts the heap on CPU (inductor); worked around.
 
 Run: `ONLY_COMPILED=1 OMP_NUM_THREADS=1 python benchmarks/ssm_batch1_compile_crash.py mamba2 static12 closed_form 1`
 (after `specmm zoo build ssm-code-drafts --scale cpu`). Args: target (mamba2 | hybrid), tree (chain | chain4 |
@@ -24,6 +24,13 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
   A workaround tried and dropped: `cpp.simdlen` 1 as a `torch.compile` option of the SSM round alone (a
   `round_compile_options` hook on the target) did not reach that graph's code generation. Its output code still
   held 169 `Vectorized` uses, and the crash stayed. With the global setting, no graph holds any.
+- stop 47, the workaround (in `specmm`): on CPU at batch 1 `SSMTarget.inductor_patches_for` gives
+  `{"cpp.simdlen": 1}`, and compiled mode enters those settings around every call of the SSM target's graphs and of
+  a round that holds them (`specmm.core.compiled.InductorPatches`), so they also reach recompiles; the rest of the
+  process (the draft's own graphs, HF's compiled AR baseline) keeps vector kernels. A context patch reaches codegen
+  where the `torch.compile` option did not. Through the workaround `mamba2 static12` and `hybrid static12` at
+  batch 1 match HF in every run (caches disabled, a fresh cache folder); `NO_WORKAROUND=1` brings the crash back.
+  It costs 5-8% at batch 1 (`benchmarks/ssm_simdlen_ab.py`).
 - stop 45 (cache possibly polluted, superseded by the above): inductor's compiler bisector
   (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
 """
@@ -58,8 +65,10 @@ def main(role: str, tree: str, commit_mode: str, batch_size: int) -> None:
     pad = tokenizer.pad_token_id
     reference = target.generate(**batch, max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=pad)
     for compile in (True,) if os.environ.get("ONLY_COMPILED") else (False, True):
-        gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit_mode), ModelDrafter(draft),
-                                          tree=TREES[tree], compile=compile)
+        adapter = SSMTarget(target, commit_mode=commit_mode)
+        if os.environ.get("NO_WORKAROUND"):  # vector kernels in the SSM graphs too: the crash
+            adapter.inductor_patches_for = lambda batch: {}
+        gen = specmm.SpeculativeGenerator(adapter, ModelDrafter(draft), tree=TREES[tree], compile=compile)
         for run in range(3):
             out = gen.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=64,
                                pad_token_id=pad)

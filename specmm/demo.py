@@ -152,7 +152,7 @@ def run_ssm(scale: str, device: str) -> tuple[BenchReport, str]:
     batch = tokenizer(prompts[:4], return_tensors="pt", padding=True).to(torch_device)
     depth = max(shapes["k"], shapes["depth"], max(len(c) for c in shapes["static"]))
     budget = new_token_budget(target, batch["input_ids"].shape[1], 48, depth)
-    setup = SSMBenchSetup(max_new_tokens=budget, k=shapes["k"], static=specmm.TreeSpec.static(shapes["static"]),
+    setup = SSMBenchSetup(max_new_tokens=budget, k=(shapes["k"],), static=specmm.TreeSpec.static(shapes["static"]),
                           dynamic=specmm.TreeSpec.dynamic(depth=shapes["depth"], top_k=shapes["top_k"],
                                                           total_tokens=shapes["total_tokens"]),
                           pad_token_id=tokenizer.pad_token_id, repeats=1)

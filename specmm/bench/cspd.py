@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import BenchReport, Method, RunResult, partial_reports, run_benchmark
 from specmm.core.stats import GenerationStats
 from specmm.image_ar.continuous import CSpDSampler, sample_ar
 from specmm.image_ar.continuous.heads import compile_chain
@@ -122,15 +122,27 @@ def sample_grid(images: dict[str, Tensor], columns: int, path: Path, cell: int =
 
 @torch.no_grad()
 def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description: dict, grid_path: Path | None = None,
-               progress: bool = True) -> tuple[BenchReport, dict]:
-    """Run target-only AR, its noise floor and every CSpD variant; returns the report and each method's images."""
+               progress: bool = True, checkpoint: Callable[[BenchReport], None] | None = None
+               ) -> tuple[BenchReport, dict]:
+    """Run target-only AR, its noise floor and every CSpD variant; returns the report and each method's images.
+    `checkpoint(report)` gets the timings so far after every timed round (FID/KID come with the whole report)."""
     device = next(models["target"].parameters()).device
     labels = (torch.arange(setup.images) % len(CLASSES)).to(device)
     store: dict = {}
+    info = {"images": setup.images, "batch size": setup.batch_size, "temperature": setup.temperature,
+            "prefill tokens": setup.prefill_tokens, "classes": len(CLASSES),
+            "denoising chains": "torch.compile (every row)" if setup.compile_heads else "eager",
+            "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
+
+    def report_of(rows, outputs, partial: str = "") -> BenchReport:
+        return BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=[],
+                           machine=machine_info(device), partial=partial)
+
     if setup.compile_heads:
         compile_and_warm(models, setup, labels, images=max(4, setup.batch_size))
     rows, _ = run_benchmark(cspd_methods(models, labels, setup, store), device, repeats=setup.repeats,
-                            warmup=setup.warmup, progress=progress)
+                            warmup=setup.warmup, progress=progress,
+                            checkpoint=partial_reports(report_of, checkpoint, setup.repeats))
     images = {name: decode(models["vae"], tokens) for name, (tokens, _) in store.items()}
     features = {name: models["classifier"].features(pictures) for name, pictures in images.items()}
     reference = features["target-only AR"]
@@ -150,12 +162,8 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
              ("draft-only AR: the draft alone, one token per forward; its speedup is the target/draft per-token "
               "latency ratio, the most any k-token round could gain with every draft accepted is about "
               "(k + 1) / (k / ratio + 1).")]
-    info = {"images": setup.images, "batch size": setup.batch_size, "temperature": setup.temperature,
-            "prefill tokens": setup.prefill_tokens, "classes": len(CLASSES),
-            "denoising chains": "torch.compile (every row)" if setup.compile_heads else "eager",
-            "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
-    report = BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=notes,
-                         machine=machine_info(device))
+    report = report_of(rows, None)
+    report.notes = notes
     if grid_path is not None:
         sample_grid(images, len(CLASSES), grid_path)
         report.notes.append(f"sample grid (one row per method, one image per class): {grid_path.name}")

@@ -35,6 +35,7 @@ from specmm.ssm import SSMTarget
 STATIC_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0),
                (0, 0, 0, 1))  # 12 nodes with the root, depth 4 (STree's static trees are 12-18 nodes, depth 4)
 SMALL_STATIC_TREE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # 6 nodes, depth 3: on CPU verify cost grows with nodes
+STATIC_TREES = {"small": SMALL_STATIC_TREE, "large": STATIC_TREE}
 # Draft shapes per device (as in `specmm bench core`): on CPU every extra node and draft step costs visibly.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DRAFTS = ("code", "distilled")
@@ -45,7 +46,7 @@ DEVICE_DEFAULTS = {"cpu": {"k": 2, "static": SMALL_STATIC_TREE, "depth": 3, "top
 @dataclass
 class SSMBenchSetup(FastPathSetup):
     max_new_tokens: int = 64
-    k: int = 4
+    k: tuple[int, ...] = (4,)  # chain lengths: a chain row (replay and closed form) per length
     static: specmm.TreeSpec = field(default_factory=lambda: specmm.TreeSpec.static(STATIC_TREE))
     dynamic: specmm.TreeSpec = field(default_factory=lambda: specmm.TreeSpec.dynamic(depth=5, top_k=4,
                                                                                     total_tokens=16))
@@ -83,15 +84,17 @@ def ssm_methods(target: nn.Module, draft: nn.Module | dict[str, nn.Module], inpu
         methods.append(Method(f"AR (HF generate, static cache + torch.compile, batch {batch})", autoregressive(True),
                               baseline=True, compiled=True,
                               note="HF's own compiled decoding: static cache, decode step compiled, prefill eager"))
-    chain = specmm.TreeSpec.chain(setup.k)
     for mode in setup.modes:
         for label, model in drafts.items():
             tag = f" [{label} draft]" if len(drafts) > 1 else ""
+            for k in setup.k:
+                chain = specmm.TreeSpec.chain(k)
+                methods += [
+                    speculative(f"chain SD k={k}, replay rollback{tag}", "replay", chain, mode, model,
+                                note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state "
+                                "forward"),
+                    speculative(f"chain SD k={k}, closed-form commit{tag}", "closed_form", chain, mode, model)]
             methods += [
-                speculative(f"chain SD k={setup.k}, replay rollback{tag}", "replay", chain, mode, model,
-                            note="vanilla SSM speculative decoding: re-scan the accepted inputs to roll the state "
-                            "forward"),
-                speculative(f"chain SD k={setup.k}, closed-form commit{tag}", "closed_form", chain, mode, model),
                 speculative(f"STree {_describe(setup.static)}{tag}", "closed_form", setup.static, mode, model),
                 speculative(f"STree {_describe(setup.dynamic)}{tag}", "closed_form", setup.dynamic, mode, model),
             ]
@@ -139,7 +142,11 @@ def add_parser(bench_subparsers, positive_int) -> None:
                    help="set on the target's generation_config (HF generate and every specmm row honour it): "
                    "greedy output without repeated n-grams, i.e. without loops")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--k", type=positive_int, help="chain length (default: 2 on CPU, 4 on CUDA)")
+    p.add_argument("--k", type=positive_int, nargs="+",
+                   help="chain lengths, a chain row each (default: 2 on CPU, 4 on CUDA)")
+    p.add_argument("--static-tree", choices=sorted(STATIC_TREES),
+                   help="the STree static row's tree: small (6 nodes, depth 3; default on CPU) or large (12 nodes, "
+                   "depth 4; default on CUDA)")
     p.add_argument("--depth", type=positive_int, help="dynamic tree depth (default: 3 on CPU, 5 on CUDA)")
     p.add_argument("--top-k", type=positive_int, help="dynamic tree branching (default: 2 on CPU, 4 on CUDA)")
     p.add_argument("--total-tokens", type=positive_int, help="dynamic tree nodes incl. root (default: 8 / 16)")
@@ -154,6 +161,11 @@ def add_parser(bench_subparsers, positive_int) -> None:
                    help="also run HF generate with a static cache + torch.compile (a baseline) and every speculative "
                    "row in compiled mode (the SSM target's verify and commit compiled, static KV for hybrids); "
                    "compile time is measured in the warm-up and reported apart")
+    p.add_argument("--no-eager", action="store_true",
+                   help="with --compile: no eager speculative rows (the eager AR baseline stays)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip each speculative row's extra profiled run (the per-round time split; a compiled row's "
+                   "compiles every part on its own)")
     p.add_argument("--out", default="benchmarks")
     p.add_argument("--name", help="report file stem prefix (default ssm-<scale>-<device>)")
 
@@ -167,18 +179,22 @@ def run_command(args, command: str) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     defaults = DEVICE_DEFAULTS["cpu" if device.type == "cpu" else "cuda"]
-    for name in ("k", "depth", "top_k", "total_tokens"):
+    for name in ("depth", "top_k", "total_tokens"):
         if getattr(args, name) is None:
             setattr(args, name, defaults[name])
+    if args.no_eager and not args.compile:
+        raise SystemExit("specmm bench ssm: --no-eager needs --compile (it leaves only the compiled rows)")
+    static = STATIC_TREES[args.static_tree] if args.static_tree else defaults["static"]
     ssm_dir = zoo.build("ssm-code", args.scale)
     record = zoo.record("ssm-code", args.scale)
     dtype = DTYPES[args.dtype]
     code_draft = code.load(zoo.path("code", record["recipe"]["code_scale"]), device=device, dtype=dtype).draft
     drafts_dir = zoo.build("ssm-code-drafts", args.scale) if "distilled" in args.drafts else None
     dynamic = specmm.TreeSpec.dynamic(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
-    setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=args.k, static=specmm.TreeSpec.static(defaults["static"]),
-                          dynamic=dynamic, repeats=args.repeats, warmup=args.warmup,
-                          modes=("eager", "compiled") if args.compile else ("eager",))
+    modes = ("eager",) if not args.compile else ("compiled",) if args.no_eager else ("eager", "compiled")
+    setup = SSMBenchSetup(max_new_tokens=args.max_new_tokens, k=tuple(args.k or (defaults["k"],)),
+                          static=specmm.TreeSpec.static(static), dynamic=dynamic, repeats=args.repeats,
+                          warmup=args.warmup, modes=modes, profile=not args.no_profile)
     for role in args.targets:
         target, tokenizer, prompts = ssm_code.load(ssm_dir, role, device=device, dtype=dtype)
         if args.no_repeat_ngram_size:

@@ -195,7 +195,8 @@ def _bench_cspd(args, setup, device, name) -> int:
                    "FID/KID features": f"timm {record['classifier']['model']} trained on the class images "
                    f"(held-out accuracy {record['classifier']['heldout_accuracy']:.2f})"}
     report, _ = bench_cspd(models, setup, command=command_line(), description=description,
-                           grid_path=Path(args.out) / f"{name}-grid.png")
+                           grid_path=Path(args.out) / f"{name}-grid.png",
+                           checkpoint=lambda partial: partial.write(args.out, name))
     return show_and_write(report, args.out, name)
 
 

@@ -21,9 +21,13 @@ def models(tmp_path_factory):
 
 def test_bench_rows_cover_baseline_noise_floor_and_each_rule(models, tmp_path):
     setup = CSpDBenchSetup(images=4, batch_size=4, draft_tokens=(2,), rules=("trajectory", "final-step"))
+    partial = []
     report, images = bench_cspd(models, setup, command="test", description={}, grid_path=tmp_path / "grid.png",
-                                progress=False)
+                                progress=False, checkpoint=partial.append)
     names = [row.method for row in report.rows]
+    # a report after each timed round (timings only), then the whole one
+    assert [p.partial[:6] for p in partial] == ["1 of 1"] and report.partial == ""
+    assert [r.method for r in partial[0].rows] == names and "FID vs AR" not in partial[0].rows[1].extra
     assert names[0] == "target-only AR" and "noise floor" in names[1] and "draft-only" in names[2] and len(names) == 5
     tokens = models["target"].config.num_tokens
     assert all(row.new_tokens == 4 * tokens for row in report.rows)

@@ -18,17 +18,20 @@ def test_bench_ssm_runs_every_method_side_by_side_and_writes_the_report(tmp_path
     target = tiny_ssm("bamba", dtype=torch.float64)
     draft = aligned_drafter_model(target)
     ids, mask = left_padded_batch([4, 7], vocab=target.config.vocab_size, seed=3)
-    setup = SSMBenchSetup(max_new_tokens=6, k=2, dynamic=specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6),
+    setup = SSMBenchSetup(max_new_tokens=6, k=(2, 3), dynamic=specmm.TreeSpec.dynamic(depth=3, top_k=2,
+                                                                                      total_tokens=6),
                           repeats=1, warmup=0, profile=False)
     partial = []
     report, _outputs = bench_ssm(target, draft, ids, mask, setup, name="t", command="specmm bench ssm", models={},
                                 notes=[], progress=False, checkpoint=partial.append)
-    assert [r.method.split()[0] for r in report.rows] == ["AR", "chain", "chain", "STree", "STree"]
+    assert [r.method.split(",")[0] for r in report.rows[:5]] == ["AR (HF generate", *["chain SD k=2"] * 2,
+                                                                 *["chain SD k=3"] * 2]  # a chain pair per length
+    assert [r.method.split()[0] for r in report.rows[5:]] == ["STree", "STree"]
     assert [p.partial[:6] for p in partial] == ["1 of 1"] and report.partial == ""
     assert [r.method for r in partial[0].rows] == [r.method for r in report.rows]
     assert all(r.matched for r in report.rows), report.table()
     assert all(r.mean_accepted > 1.0 for r in report.rows[1:])
-    assert [r.baseline for r in report.rows] == [True, False, False, False, False]
+    assert [r.baseline for r in report.rows] == [True] + [False] * 6
     assert not any(r.compiled for r in report.rows) and report.rows[0].speedup_vs_best_ar == 1.0
     json_path, md_path = report.write(tmp_path, "ssm")
     assert json.loads(json_path.read_text())["rows"][0]["speedup"] == 1.0
@@ -43,7 +46,7 @@ def test_bench_ssm_compiled_rows_report_both_ar_baselines_and_compile_time_apart
     draft = aligned_drafter_model(target, residual_scale=16.0)
     ids, mask = left_padded_batch([4, 7], vocab=target.config.vocab_size, seed=3)
     # three nodes at depth 2 in every row: one verify shape and the same draft shapes, compiled once
-    same_shapes = dict(k=2, static=specmm.TreeSpec.static([[0], [0, 0]]),
+    same_shapes = dict(k=(2,), static=specmm.TreeSpec.static([[0], [0, 0]]),
                        dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=1, total_tokens=3))
     setup = SSMBenchSetup(max_new_tokens=6, repeats=1, warmup=1, modes=("compiled",), **same_shapes)
     report, _outputs = bench_ssm(target, draft, ids, mask, setup, name="t", command="specmm bench ssm --compile",
@@ -69,7 +72,7 @@ def test_bench_ssm_runs_each_speculative_row_once_per_draft_and_labels_them():
     target = tiny_ssm("mamba2", dtype=torch.float64)
     drafts = {"code": aligned_drafter_model(target), "distilled": aligned_drafter_model(target, residual_scale=16.0)}
     ids, mask = left_padded_batch([5, 3], vocab=target.config.vocab_size, seed=1)
-    setup = SSMBenchSetup(max_new_tokens=5, k=2, dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=2, total_tokens=4),
+    setup = SSMBenchSetup(max_new_tokens=5, k=(2,), dynamic=specmm.TreeSpec.dynamic(depth=2, top_k=2, total_tokens=4),
                           repeats=1, warmup=0, profile=False)
     report, _ = bench_ssm(target, drafts, ids, mask, setup, name="t", command="specmm bench ssm", models={}, notes=[],
                           progress=False)

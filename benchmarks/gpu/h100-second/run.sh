@@ -29,13 +29,13 @@ B=bfloat16; O="--out $W"
 if [ "$QUICK" = 1 ]; then B=float32; fi
 if [ "$SET" = text ]; then
   if [ "$QUICK" = 1 ]; then
-    step ssm-mamba2 600 bench ssm --scale cpu --device $DEV --dtype $B --drafts distilled --targets mamba2 --max-new-tokens 8 --repeats 1 --warmup 1 $O --name ssm-q
+    step ssm-mamba2 600 bench ssm --scale cpu --device $DEV --dtype $B --compile --no-eager --no-profile --drafts distilled --targets mamba2 --max-new-tokens 8 --repeats 1 --warmup 1 $O --name ssm-q
     step reasoning 600 bench reasoning --scale cpu --device $DEV --batch-sizes 4 --problems 4 --specreason-thresholds 6 --arbitrage-thresholds 0.5 --max-new-tokens 16 $O --name reasoning-q
     exit 0
   fi
-  step ssm-mamba2 250 bench ssm --scale cpu --device $DEV --dtype $B --compile --drafts distilled --targets mamba2 --max-new-tokens 128 --repeats 2 --warmup 1 $O --name ssm-cpu-cuda-bf16-compiled
+  step ssm-mamba2 250 bench ssm --scale cpu --device $DEV --dtype $B --compile --no-eager --no-profile --drafts distilled --targets mamba2 --max-new-tokens 128 --repeats 2 --warmup 1 $O --name ssm-cpu-cuda-bf16-compiled
   step reasoning 150 bench reasoning --scale cpu --device $DEV --batch-sizes 256 --problems 512 --specreason-thresholds 6 --arbitrage-thresholds 0.5 $O --name reasoning-chainarith-cpu-cuda-b256
-  step ssm-hybrid 150 bench ssm --scale cpu --device $DEV --dtype $B --compile --drafts distilled --targets hybrid --max-new-tokens 128 --repeats 2 --warmup 1 $O --name ssm-cpu-cuda-bf16-compiled
+  step ssm-hybrid 150 bench ssm --scale cpu --device $DEV --dtype $B --compile --no-eager --no-profile --drafts distilled --targets hybrid --max-new-tokens 128 --repeats 2 --warmup 1 $O --name ssm-cpu-cuda-bf16-compiled
 elif [ "$SET" = core-vlm ]; then
   if [ "$QUICK" = 1 ]; then
     step core 600 bench core --zoo code --scale cpu --device $DEV --dtype $B --batch-size 1 --max-new-tokens 8 --drafts distilled --no-lookup --no-profile --repeats 1 --warmup 1 $O --name core-q
