@@ -1,4 +1,4 @@
-"""Repro: compiled STree verify at batch 1 with 8 or more tree nodes corrupts the heap on CPU (inductor); worked around.
+"""Repro: compiled STree verify at batch 1 with 8 or more tree nodes corrupted the heap on CPU (inductor); fixed in stop 47.
 
 Run: `ONLY_COMPILED=1 OMP_NUM_THREADS=1 python benchmarks/ssm_batch1_compile_crash.py mamba2 static12 closed_form 1`
 (after `specmm zoo build ssm-code-drafts --scale cpu`). Args: target (mamba2 | hybrid), tree (chain | chain4 |
@@ -24,13 +24,20 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
   A workaround tried and dropped: `cpp.simdlen` 1 as a `torch.compile` option of the SSM round alone (a
   `round_compile_options` hook on the target) did not reach that graph's code generation. Its output code still
   held 169 `Vectorized` uses, and the crash stayed. With the global setting, no graph holds any.
-- stop 47, the workaround (in `specmm`): on CPU at batch 1 `SSMTarget.inductor_patches_for` gives
-  `{"cpp.simdlen": 1}`, and compiled mode enters those settings around every call of the SSM target's graphs and of
-  a round that holds them (`specmm.core.compiled.InductorPatches`), so they also reach recompiles; the rest of the
-  process (the draft's own graphs, HF's compiled AR baseline) keeps vector kernels. A context patch reaches codegen
-  where the `torch.compile` option did not. Through the workaround `mamba2 static12` and `hybrid static12` at
-  batch 1 match HF in every run (caches disabled, a fresh cache folder); `NO_WORKAROUND=1` brings the crash back.
-  It costs 5-8% at batch 1 (`benchmarks/ssm_simdlen_ab.py`).
+- stop 47, found and fixed. AddressSanitizer names the kernel: `ASAN_KERNELS=1` builds inductor's kernels with
+  `-fsanitize=address` (C++ compiled in this process: `TORCHINDUCTOR_COMPILE_THREADS=1`), with the runtime
+  preloaded: `LD_PRELOAD="/usr/lib/x86_64-linux-gnu/libasan.so.8 /usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+  ASAN_OPTIONS=detect_leaks=0 ASAN_KERNELS=1 TORCHINDUCTOR_COMPILE_THREADS=1 SPECMM_CPP_WRAPPER=0
+  CUDA_VISIBLE_DEVICES= TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 ONLY_COMPILED=1 python ... mamba2 static12 closed_form 1`.
+  At the old code it reported a heap-buffer-overflow WRITE 0 bytes past a 576-byte buffer (12 x 12 floats) in
+  the verify graph's kernel for `log_decay = (ancestors[:, None] @ (dt * A)[..., None])[..., 0]`: inductor
+  decomposes that batched matrix-vector product ([1, 1, n, n] @ [1, H, n, 1]) on CPU into a multiply and a sum,
+  vectorises the sum's outer loop over the heads (H = 12 < 16 float lanes of AVX-512) and stores the result
+  through a 16-lane buffer with a loop of 16 (`out_ptr3[x1 + 12*x0 + 12*x0_inner]`, x0_inner < 16) where only
+  12 lanes are valid: 4 floats written past the end (batches of 2 and 4 never crashed). The fix
+  (`specmm.ssm.tree_scan`): the same sum as a matrix product, `(dt * A) @ ancestors^T` ([B, H, n] @ [B, n, n]),
+  which inductor does not decompose (an `extern_kernels.bmm` call). Under AddressSanitizer with vector kernels, `mamba2 static12`, `mamba2
+  dynamic` and `hybrid static12` at batch 1 then run clean and match HF in every run.
 - stop 45 (cache possibly polluted, superseded by the above): inductor's compiler bisector
   (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
 """
@@ -54,8 +61,22 @@ TREES = {"chain": specmm.TreeSpec.chain(2), "chain4": specmm.TreeSpec.chain(4),
          "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)}
 
 
+def sanitize_kernels() -> None:
+    """Build inductor's C++ kernels with AddressSanitizer (the runtime must be preloaded, see above)."""
+    import torch._inductor.cpp_builder as cpp_builder
+
+    flags = cpp_builder._get_optimization_cflags
+
+    def with_asan(cpp_compiler, min_optimize=False):
+        cflags, ldflags = flags(cpp_compiler, min_optimize)
+        return cflags + ["fsanitize=address", "fno-omit-frame-pointer", "g"], ldflags + ["fsanitize=address"]
+    cpp_builder._get_optimization_cflags = with_asan
+
+
 def main(role: str, tree: str, commit_mode: str, batch_size: int) -> None:
     torch.set_num_threads(1)
+    if os.environ.get("ASAN_KERNELS"):
+        sanitize_kernels()
     if os.environ.get("INDUCTOR_SIMDLEN"):
         inductor_config.cpp.simdlen = int(os.environ["INDUCTOR_SIMDLEN"])
     record = zoo.record("ssm-code", "cpu")
@@ -65,10 +86,8 @@ def main(role: str, tree: str, commit_mode: str, batch_size: int) -> None:
     pad = tokenizer.pad_token_id
     reference = target.generate(**batch, max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=pad)
     for compile in (True,) if os.environ.get("ONLY_COMPILED") else (False, True):
-        adapter = SSMTarget(target, commit_mode=commit_mode)
-        if os.environ.get("NO_WORKAROUND"):  # vector kernels in the SSM graphs too: the crash
-            adapter.inductor_patches_for = lambda batch: {}
-        gen = specmm.SpeculativeGenerator(adapter, ModelDrafter(draft), tree=TREES[tree], compile=compile)
+        gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit_mode), ModelDrafter(draft),
+                                          tree=TREES[tree], compile=compile)
         for run in range(3):
             out = gen.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=64,
                                pad_token_id=pad)

@@ -122,71 +122,29 @@ def inductor_options(mode: str | None) -> dict:
     return {}
 
 
-class InductorPatches(dict):
-    """Inductor config settings (`torch._inductor.config.patch` keys) that one compiled callable generates its code
-    under, applied around every call of it, so recompiles get them too; the rest of the process keeps its own.
-
-    A target or drafter that needs some names them in its `inductor_patches` attribute (`SSMTarget` on CPU: no
-    vector kernels, as a vectorised kernel of its batch-1 tree verify writes out of bounds in torch 2.11,
-    `benchmarks/ssm_batch1_compile_crash.py`). Entering a patch costs ~10 us, so an empty one is not entered.
-    """
-
-    def __init__(self, patches: dict | None = None):
-        super().__init__(patches or {})
-
-    def key(self) -> tuple:
-        return tuple(sorted(self.items()))
-
-    def call(self, fn, *args, **kwargs):
-        """`fn(*args, **kwargs)` under these settings."""
-        if not self:
-            return fn(*args, **kwargs)
-        from torch._inductor import config as inductor_config
-
-        with inductor_config.patch(dict(self)):
-            return fn(*args, **kwargs)
-
-
-def inductor_patches(*parts) -> InductorPatches:
-    """The `inductor_patches` that `parts` (a target, a drafter) ask for, merged."""
-    merged = InductorPatches()
-    for part in parts:
-        merged.update(getattr(part, "inductor_patches", None) or {})
-    return merged
-
-
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
     seconds = 0.0
 
 
-_COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, CompiledForward]] = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, CompiledForward] = weakref.WeakKeyDictionary()
 
 
-def compiled_forward(model: nn.Module, mode: str | None = None, patches: dict | None = None) -> CompiledForward:
-    """The compiled forward of `model` for `mode` and `patches` (its `InductorPatches`), made on first use and
-    kept, so users of one model with different settings never evict each other's graphs. `patches` None: a lookup,
-    the one last asked for with this mode (none made yet: without patches)."""
+def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForward:
+    """The one compiled forward of `model` (made on first use)."""
     if torch.compiler.is_compiling():  # inside a compiled round: the model is traced into it (no registry
         return model  # lookup: a guard on the registry would recompile the round whenever it grows)
-    variants = _COMPILED.setdefault(model, {})
-    if patches is None:
-        found = next((v for v in reversed(variants.values()) if v.mode == mode and v.backend == BACKEND), None)
-        if found is not None:
-            return found
-    patches = InductorPatches(patches)
-    key = (mode, BACKEND, patches.key())
-    found = variants.pop(key, None) or CompiledForward(model, mode, BACKEND, patches)
-    variants[key] = found  # last in order: the one a lookup finds
+    found = _COMPILED.get(model)
+    if found is None or found.mode != mode or found.backend != BACKEND:
+        found = _COMPILED[model] = CompiledForward(model, mode, BACKEND)
     return found
 
 
 def compile_failure(model: nn.Module) -> str | None:
-    """Why compiled mode could not compile `model` (None when it compiled, or was never asked to), in the compiled
-    forward last asked for."""
-    variants = _COMPILED.get(model)
-    return next(reversed(variants.values())).failed if variants else None
+    """Why compiled mode could not compile `model` (None when it compiled, or was never asked to)."""
+    found = _COMPILED.get(model)
+    return None if found is None else found.failed
 
 
 def compile_static(fn, mode: str | None = None, backend: str | None = None, fullgraph: bool = False):
@@ -290,10 +248,8 @@ def raise_recompile_limits(limit: int = 64) -> None:
 class CompiledForward:
     """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile."""
 
-    def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor",
-                 patches: InductorPatches | None = None):
+    def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor"):
         self.model, self.mode, self.backend = model, mode, backend
-        self.patches = patches or InductorPatches()
         raise_recompile_limits()
         self.compiled = compile_static(model.forward, mode, backend)
         self.failed: str | None = None  # why compilation failed, once it has
@@ -307,7 +263,7 @@ class CompiledForward:
         first = key not in self.shapes
         started = time.perf_counter()
         try:
-            out = self.patches.call(run_graphed, self.compiled, self.mode, **inputs)
+            out = run_graphed(self.compiled, self.mode, **inputs)
         except torch._dynamo.exc.TorchDynamoException as error:  # compilation, not the model, failed
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             warnings.warn(f"compile=True: {type(self.model).__name__} could not be compiled ({self.failed}); "
@@ -330,9 +286,8 @@ class CompiledRound:
     Compile time goes on the `CompileClock`.
     """
 
-    def __init__(self, step, mode: str | None = None, patches: InductorPatches | None = None):
+    def __init__(self, step, mode: str | None = None):
         self.step, self.mode = step, mode
-        self.patches = patches or InductorPatches()
         raise_recompile_limits()
         self.compiled = compile_static(step, mode, fullgraph=True)
         self.failed: str | None = None  # why the round could not compile whole, once it could not
@@ -345,7 +300,7 @@ class CompiledRound:
         state = [*args, *kwargs.values()] if self.mode == GRAPHED else None
         before = StateSnapshot(state) if state is not None else None
         try:
-            out = self.patches.call(run_graphed, self.compiled, self.mode, *args, **kwargs)
+            out = run_graphed(self.compiled, self.mode, *args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)
@@ -423,18 +378,16 @@ def settings_key(obj) -> tuple:
     return (type(obj), tuple(sorted((k, v) for k, v in getattr(obj, "__dict__", {}).items() if isinstance(v, plain))))
 
 
-def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None,
-                 patches: InductorPatches | None = None) -> CompiledRound:
+def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None) -> CompiledRound:
     """The one `CompiledRound` of the unbound `step` for `key` (the caller's types and settings) over exactly these
     `modules`, so new generators over the same models reuse the graphs: guards check a round's Python state, but
     not a module's attributes (dropped for speed, see `module_guard_filter`), hence a round per set of modules."""
-    patches = patches or InductorPatches()
-    key = (step, mode, key, tuple(sorted(id(m) for m in modules)), patches.key())
+    key = (step, mode, key, tuple(sorted(id(m) for m in modules)))
     found = _ROUNDS.get(key)
     if found is not None and all(ref() is not None for ref in found[0]):
         return found[1]
     for stale in [k for k, (refs, _) in _ROUNDS.items() if any(ref() is None for ref in refs)]:
         del _ROUNDS[stale]
-    compiled = CompiledRound(step, mode, patches)
+    compiled = CompiledRound(step, mode)
     _ROUNDS[key] = (tuple(weakref.ref(m) for m in modules), compiled)
     return compiled

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
 from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode, held_modules,
-                                  inductor_patches, settings_key, shared_round, taped_rounds)
+                                  settings_key, shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
@@ -472,8 +472,7 @@ class SpeculativeGenerator:
         # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
         # frame, shared by every compiled function and outside the guard filter of `compile_static`
         step = recorded_round if recorded else undecorated_step(type(self))
-        self._compiled_round = shared_round(step, key, modules, plan.mode,
-                                            inductor_patches(self.target, self.drafter))
+        self._compiled_round = shared_round(step, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
         if sampling.greedy:
             return whole

@@ -119,7 +119,6 @@ class SSMTarget:
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)
         self.dtype = next(model.parameters()).dtype
-        self.inductor_patches: dict = {}  # set per generation by `start` (the CPU batch-1 workaround)
         self.states: SSMStates | None = None
         self.kv: RowCache | None = None
         self._records: dict[int, TreeRecord] = {}
@@ -134,13 +133,6 @@ class SSMTarget:
         commit = self.steps.commits[self.commit_mode == "replay"]
         return compile_failure(self.steps.verify) or compile_failure(commit)
 
-    def inductor_patches_for(self, batch: int) -> dict:
-        """Inductor settings of this target's compiled graphs in a generation of `batch` rows. One row on CPU: no
-        vector kernels, as inductor's vectorised code for the batch-1 tree verify corrupts the heap (torch 2.11,
-        trees of 8+ nodes; `benchmarks/ssm_batch1_compile_crash.py`). Wider batches run correctly, and would lose
-        12% to scalar kernels (`benchmarks/ssm_simdlen_ab.py`)."""
-        return {"cpp.simdlen": 1} if self.device.type == "cpu" and batch == 1 else {}
-
     # ------------------------------------------------------------------------------------------- protocol
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
@@ -148,7 +140,6 @@ class SSMTarget:
             raise ValueError(f"drafter: needs {sorted(needs)} which {type(self).__name__} does not provide")
         scan = self.scan_dtype or torch.promote_types(self.dtype, torch.float32)
         plan = self.static_plan
-        self.inductor_patches = self.inductor_patches_for(batch)
         mode = plan.mode if compiles(plan) else None
         self.states = SSMStates(self.mixers, batch, self.device, self.dtype, scan, owner=self.model, mode=mode)
         self.kv = None
@@ -164,8 +155,7 @@ class SSMTarget:
         if compiles(plan):  # one set of graphs per model, reused by every adapter of it
             self.steps = tree_steps(self.model, self.mixers)
             commit = self.steps.commits[self.commit_mode == "replay"]
-            self._compiled = (compiled_forward(self.steps.verify, plan.mode, self.inductor_patches),
-                              compiled_forward(commit, plan.mode, self.inductor_patches))
+            self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
         self.steps.tree_pass.install()
 
     def close(self) -> None:

@@ -167,7 +167,10 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     A = -torch.exp(mixer.A_log.float()).to(acc)  # [H] (HF computes A in float32)
 
     mask = layout.ancestors  # [B, n, n]
-    log_decay = (mask.to(acc)[:, None] @ (dt * A[:, None])[..., None])[..., 0]  # [B, H, n] = T (dt A) per head
+    # [B, H, n] = T (dt A) per head, as [B, H, n] @ [B, n, n]: a matrix-vector product ([B, 1, n, n] @ [B, H, n, 1])
+    # is decomposed by inductor on CPU into a reduction whose vectorised store overruns its buffer when the heads
+    # fill less than a vector (torch 2.11; benchmarks/ssm_batch1_compile_crash.py)
+    log_decay = (dt * A[:, None]) @ mask.transpose(-1, -2).to(acc)
     segment = decay(log_decay[..., :, None] - log_decay[..., None, :], mask[:, None])  # [B, H, n, n]
     scores = (c @ b.transpose(-1, -2)) * segment * dt[..., None, :]  # [B, H, n, n]
     y = scores @ x + (c @ ssm_state.to(acc).transpose(-1, -2)) * decay(log_decay)[..., None]  # [B, H, n, P]

@@ -290,24 +290,3 @@ def test_the_cuda_graph_path_decodes_the_eager_tokens(capture_only, monkeypatch)
         assert gen.static_plan(ids.shape[1], 10).mode == GRAPHED
         assert torch.equal(gen.generate(ids, **kwargs).sequences, eager.sequences)
     assert steps  # the graphed calls went through run_graphed
-
-
-class _Pointwise(torch.nn.Module):
-    def forward(self, x):
-        return (x.sin() * 2 + 1,)
-
-
-def test_inductor_patches_reach_the_code_of_every_compile_of_their_forward():
-    """A compiled forward's `InductorPatches` are in force whenever it compiles (here: `cpp.simdlen` 1, no vector
-    kernels, the SSM target's CPU workaround), a later shape's recompile too; other forwards keep the defaults."""
-    from torch._inductor.utils import fresh_cache, run_and_get_code
-
-    from specmm.core.compiled import compiled_forward
-
-    def generated(patches, sizes):
-        forward = compiled_forward(_Pointwise(), None, patches)
-        with fresh_cache():
-            return ["\n".join(run_and_get_code(lambda: forward(x=torch.randn(4, n)))[1]) for n in sizes]
-
-    assert all("Vectorized" not in code for code in generated({"cpp.simdlen": 1}, (256, 512)))
-    assert all("Vectorized" in code for code in generated(None, (256,)))

@@ -102,7 +102,7 @@ def test_a_graph_that_cannot_compile_warns_with_the_reason_and_runs_eager(monkey
         raise torch._dynamo.exc.Unsupported("data-dependent control flow in the verify")
 
     verify = tree_steps(target, gen.target.mixers).verify
-    monkeypatch.setattr(compiled_forward(verify, patches=gen.target.inductor_patches_for(1)), "compiled", unsupported)
+    monkeypatch.setattr(compiled_forward(verify), "compiled", unsupported)
     with pytest.warns(RuntimeWarning, match=r"TreeVerify could not be compiled \(Unsupported: data-dependent") as seen:
         out = gen.generate(ids, mask, max_new_tokens=8)
     assert len([w for w in seen if "could not be compiled" in str(w.message)]) == 1  # once, not once per round
@@ -118,12 +118,8 @@ def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_t
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREES["dynamic"], compile=True)
     out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
     assert torch.equal(out.sequences[:, ids.shape[1]:], reference) and gen.whole_round
-    verify = tree_steps(target, gen.target.mixers).verify
-    assert gen._compiled_round.patches == compiled_forward(verify).patches == {}
-    # one row on CPU: the round and the target's graphs compile without vector kernels (the crash workaround)
-    one = gen.generate(ids[:1], mask[:1], max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    one = gen.generate(ids[:1], mask[:1], max_new_tokens=NEW_TOKENS, pad_token_id=0)  # batch 1: shapes of its own
     assert torch.equal(one.sequences[:, ids.shape[1]:], reference[:1]) and gen.whole_round
-    assert gen._compiled_round.patches == compiled_forward(verify).patches == {"cpp.simdlen": 1}
     assert all("forward" not in mixer.__dict__ for mixer in gen.target.mixers.values())  # stock mixers again
     assert torch.equal(target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                                        pad_token_id=0)[:, ids.shape[1]:], reference)
