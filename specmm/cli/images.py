@@ -121,13 +121,16 @@ def cmd_sample_images(args) -> int:
     if args.drafter:
         with loading("--drafter", args.drafter, "image drafter"):
             drafter = ImageDrafter.from_pretrained(args.drafter, model if stock else model.gpt)
-    sampler = make_sampler(model, args.method, drafter, delta=args.delta, lam=args.lam, compile=args.compile)
+    sampler = make_sampler(model, args.method, drafter, delta=args.delta, lam=args.lam, gsd_window=args.gsd_window,
+                           gsd_p_gap=args.gsd_gap, gsd_quantile=args.gsd_quantile, compile=args.compile)
     settings.update({"method": args.method, "seed": args.seed, "cfg_scale": args.cfg_scale,
                      "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p})
     if args.method == "lantern":
         settings["delta"] = args.delta
     if args.method == "lantern++":
         settings["lam"] = args.lam
+    if args.method in ("gsd", "gsd-drafter"):
+        settings.update({"gsd_window": args.gsd_window, "gsd_gap": args.gsd_gap, "gsd_quantile": args.gsd_quantile})
     if drafter is not None and args.method in ("exact", *NEEDS_DRAFTER):
         from specmm.jobs import fingerprint
 
@@ -281,6 +284,12 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter", help="image drafter folder (needed by lantern, lantern++ and gsd-drafter)")
     p.add_argument("--delta", type=float_range(0.0, 1.0), default=0.1, help="LANTERN TV budget in [0, 1]")
     p.add_argument("--lam", type=float_range(1.0), default=5.0, help="LANTERN++ lambda (>= 1)")
+    p.add_argument("--gsd-window", type=positive_int, default=14,
+                   help="GSD: nearest codebook neighbours a draft token's group may take (1: exact)")
+    p.add_argument("--gsd-gap", type=float_range(0.0, 1.0), default=0.15,
+                   help="GSD: largest target-probability gap between a draft token and a group member")
+    p.add_argument("--gsd-quantile", type=float_range(0.0, 1.0), default=0.05,
+                   help="GSD: codebook pair-distance quantile that sets the group radius, in (0, 1]")
     p.add_argument("--cfg-scale", type=float_range(1.0), default=4.0, help="guidance scale (finite, >= 1)")
     p.add_argument("--temperature", type=temperature_arg, default=1.0)
     p.add_argument("--top-k", type=nonnegative_int, default=2000, help="0 disables top-k")

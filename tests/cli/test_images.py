@@ -40,7 +40,11 @@ def test_sample_images_writes_pngs_grid_and_resumes_only_the_same_job(tmp_path, 
     assert json.loads((out / "summary.json").read_text())["sampled_now"] == 1
     assert main([*ARGS, "--classes", "1,2", "--method", "gsd", "--out", str(out), "--force"]) == 0
     assert json.loads((out / "summary.json").read_text())["method"] == "gsd"
-    assert json.loads((out / "job.json").read_text())["settings"]["method"] == "gsd"
+    settings = json.loads((out / "job.json").read_text())["settings"]
+    assert settings["method"] == "gsd" and (settings["gsd_window"], settings["gsd_gap"]) == (14, 0.15)
+    capsys.readouterr()  # GSD's knobs are the job's too: another gap is another job
+    assert main([*ARGS, "--classes", "1,2", "--method", "gsd", "--gsd-gap", "0.3", "--out", str(out), "--resume"]) == 2
+    assert "gsd_gap:" in capsys.readouterr().err
 
 
 def test_a_half_written_png_is_sampled_again_on_resume(tmp_path):
@@ -72,7 +76,7 @@ def test_image_size_error_states_the_valid_size(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, value", [("--per-class", "0"), ("--batch-size", "0"), ("--cfg-scale", "inf"),
                                          ("--cfg-scale", "0.5"), ("--temperature", "nan"), ("--top-p", "0"),
-                                         ("--image-size", "-3")])
+                                         ("--image-size", "-3"), ("--gsd-window", "0"), ("--gsd-gap", "1.5")])
 def test_bad_counts_and_values_are_usage_errors_naming_the_argument(tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exit_info:
         main([*ARGS, "--classes", "1", flag, value, "--out", str(tmp_path / "a")])
