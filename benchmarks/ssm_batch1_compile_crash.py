@@ -1,4 +1,4 @@
-"""Repro: compiled STree verify at batch 1 with 8 or more tree nodes corrupted the heap on CPU (inductor); fixed in stop 47.
+"""Repro: compiled STree verify at batch 1 with 8+ tree nodes corrupted the heap on CPU (inductor); fixed in stop 47.
 
 Run: `ONLY_COMPILED=1 OMP_NUM_THREADS=1 python benchmarks/ssm_batch1_compile_crash.py mamba2 static12 closed_form 1`
 (after `specmm zoo build ssm-code-drafts --scale cpu`). Args: target (mamba2 | hybrid), tree (chain | chain4 |
@@ -36,8 +36,8 @@ Found at 425eacb (torch 2.11.0, 2-core AVX-512 CPU, one thread), stop 45:
   through a 16-lane buffer with a loop of 16 (`out_ptr3[x1 + 12*x0 + 12*x0_inner]`, x0_inner < 16) where only
   12 lanes are valid: 4 floats written past the end (batches of 2 and 4 never crashed). The fix
   (`specmm.ssm.tree_scan`): the same sum as a matrix product, `(dt * A) @ ancestors^T` ([B, H, n] @ [B, n, n]),
-  which inductor does not decompose (an `extern_kernels.bmm` call). Under AddressSanitizer with vector kernels, `mamba2 static12`, `mamba2
-  dynamic` and `hybrid static12` at batch 1 then run clean and match HF in every run.
+  which inductor does not decompose (an `extern_kernels.bmm` call). Under AddressSanitizer with vector kernels,
+  `mamba2 static12`, `mamba2 dynamic` and `hybrid static12` at batch 1 then run clean and match HF in every run.
 - stop 45 (cache possibly polluted, superseded by the above): inductor's compiler bisector
   (`python -m torch._inductor.compiler_bisector run`) found no subsystem whose removal fixes it.
 """

@@ -134,8 +134,8 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
             "denoising chains": "torch.compile (every row)" if setup.compile_heads else "eager",
             "timing": f"median of {setup.repeats} after {setup.warmup} warm-up, methods interleaved", **description}
 
-    def report_of(rows, outputs, partial: str = "") -> BenchReport:
-        return BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=[],
+    def report_of(rows, outputs, partial: str = "", notes: list[str] | None = None) -> BenchReport:
+        return BenchReport(name="specmm bench cspd", command=command, rows=rows, setup=info, notes=notes or [],
                            machine=machine_info(device), partial=partial)
 
     if setup.compile_heads:
@@ -162,8 +162,7 @@ def bench_cspd(models: dict, setup: CSpDBenchSetup, *, command: str, description
              ("draft-only AR: the draft alone, one token per forward; its speedup is the target/draft per-token "
               "latency ratio, the most any k-token round could gain with every draft accepted is about "
               "(k + 1) / (k / ratio + 1).")]
-    report = report_of(rows, None)
-    report.notes = notes
+    report = report_of(rows, None, notes=notes)
     if grid_path is not None:
         sample_grid(images, len(CLASSES), grid_path)
         report.notes.append(f"sample grid (one row per method, one image per class): {grid_path.name}")
