@@ -17,6 +17,7 @@ from specmm.core.acceptance import AcceptResult
 from specmm.core.drafters import accepted_tokens
 from specmm.core.compiled import StaticPlan
 from specmm.core.inplace import write_columns_
+from specmm.core.resident import owner_of, resident
 from specmm.core.sampling import (
     Generators,
     SamplingConfig,
@@ -55,9 +56,12 @@ class JacobiProposer:
 
     def start(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput) -> None:
         batch = input_ids.shape[0]
-        self.history = torch.zeros(batch, self.target.tokens_per_image + self.window, dtype=torch.long,
-                                   device=input_ids.device)  # [B, N + L] known image tokens
-        self.history[:, 0] = input_ids[:, -1]
+        history = torch.zeros(batch, self.target.tokens_per_image + self.window, dtype=torch.long,
+                              device=input_ids.device)  # [B, N + L] known image tokens
+        history[:, 0] = input_ids[:, -1]
+        # a round writes it in place: under CUDA graphs a buffer that keeps its address (else the trees skip the round)
+        mode = self.static_plan.mode if self.static_plan is not None else None
+        self.history = resident(owner_of(self), "jacobi_history", history, mode)
         self.known = torch.ones(batch, dtype=torch.long, device=input_ids.device)  # [B] root included
         self.stale_logits: Tensor | None = None  # [B, L, V] last verify
         self.accepted = torch.zeros(batch, dtype=torch.long, device=input_ids.device)

@@ -15,6 +15,7 @@ from specmm.core.resident import resident
 from specmm.core.target import ModelRunner
 from specmm.drafters import EagleDrafter, ModelDrafter, PromptLookupDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
+from tests.graph_pool import graphed_on_cpu
 
 
 def reachable_tensors(roots: list[tuple[str, object]], depth: int = 8) -> dict[int, tuple[torch.Tensor, str]]:
@@ -45,20 +46,18 @@ def state_of(args: tuple, kwargs: dict) -> dict[int, tuple[torch.Tensor, str]]:
     return reachable_tensors([(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items()))
 
 
-def graphed_on_cpu(monkeypatch) -> None:
-    """Compiled mode's CUDA-graph host side on a CPU: graph capture without kernels (aot_eager), GRAPHED mode."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
-    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+@pytest.fixture
+def pool(monkeypatch):
+    """CUDA graphs' rules on a CPU (`tests.graph_pool`): graph outputs overwritten at each step begin."""
+    return graphed_on_cpu(monkeypatch)
 
 
 @pytest.fixture
-def round_writes(monkeypatch):
+def round_writes(monkeypatch, pool):
     """Per compiled round: (path, data pointer, static marking) of every reachable tensor the round wrote, and as
     (path, "graph output", None) every tensor the round left bound in its state whose memory the graph itself made:
     under CUDA graphs that is the graph's output pool, which the next replay overwrites while the state still reads
     it (the first GPU run's "accessing tensor output of CUDAGraphs that has been overwritten")."""
-    graphed_on_cpu(monkeypatch)
     rounds: list[list[tuple[str, int, str | None]]] = []
     made: list[list[torch.Tensor]] = []  # the tensors each graphed call bound into the state (held: no address reuse)
     original_round, original_run = compiled.CompiledRound.__call__, compiled.run_graphed
@@ -124,7 +123,7 @@ CASES = {"llama, model drafter": lambda: llama_case("model"), "llama, prompt loo
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reuses(round_writes, case):
+def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reuses(round_writes, pool, case):
     target, make_drafter, tree, inputs = CASES[case]()
     kwargs = dict(inputs, max_new_tokens=10, pad_token_id=0)
     eager = specmm.SpeculativeGenerator(target, make_drafter(), tree=tree).generate(**kwargs)
@@ -141,6 +140,8 @@ def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reu
         assert not_static == [], f"written or rebound outside static buffers: {not_static}"
     assert {(p, ptr) for p, ptr, _ in generations[0][2]} == {(p, ptr) for p, ptr, _ in generations[1][2]}
     assert torch.equal(generations[0][0], generations[0][1])  # the first result is not overwritten by the second
+    # every graph's outputs were overwritten at the next step (tokens stayed right), and no graph would be skipped
+    assert pool.poisoned > 0 and pool.skipped == [] and pool.hosted == []
 
 
 def test_features_a_graphed_forward_captures_are_copied_out_of_the_graph(monkeypatch):

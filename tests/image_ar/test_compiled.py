@@ -135,3 +135,35 @@ def test_a_compiled_round_makes_no_host_sync_and_the_loop_one_per_round(small, m
     rounds = out.stats.target_forwards - 1  # the first token comes from the conditioning prefill
     assert counted["step"] == [] and rounds >= 2
     assert len(counted["loop"]) <= rounds + 1, counted["loop"]
+
+
+def test_under_cuda_graph_rules_every_proposer_gives_eager_tokens_and_no_round_is_skipped(monkeypatch):
+    """With CUDA graphs' rules played on the CPU (`tests.graph_pool`: a graph's outputs are overwritten at the next
+    step; a graph writing in place into a tensor that is not static would not be recorded), AR, Jacobi, a drafter
+    tree, and LANTERN and GSD sampling (taped whole rounds) give eager mode's tokens, twice over the same buffers."""
+    from tests.graph_pool import graphed_on_cpu
+
+    lg = tiny_llamagen(seed=4)  # a model of its own: its graphs are made under the pool's rules
+    reference = greedy(ImageSampler(lg, proposer="ar"))
+    drafter = ImageDrafter.for_target(lg.gpt)
+
+    def sampled(compile: bool):
+        lantern = ImageSampler(lg, proposer=drafter, acceptance=Lantern(k=4, delta=0.2), compile=compile,
+                               tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8))
+        gsd = ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=5, p_gap=0.5), window=6, compile=compile)
+        return [s.sample(CONDITIONS, cfg_scale=2.0, top_k=16, decode=False,
+                         generator=[torch.Generator().manual_seed(10 + i) for i in range(3)]).tokens
+                for s in (lantern, gsd)]
+
+    eager = sampled(False)
+    pool = graphed_on_cpu(monkeypatch)
+    greedy_samplers = [ImageSampler(lg, proposer="ar", compile=True),
+                       ImageSampler(lg, proposer="jacobi", init="repeat_up", window=6, compile=True),
+                       ImageSampler(lg, proposer=drafter, tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8),
+                                    compile=True)]
+    for sampler in greedy_samplers:
+        for _ in range(2):
+            assert torch.equal(greedy(sampler), reference)
+    for compiled_tokens, eager_tokens in zip(sampled(True), eager):
+        assert torch.equal(compiled_tokens, eager_tokens)
+    assert pool.poisoned > 0 and pool.skipped == [] and pool.hosted == []

@@ -17,6 +17,7 @@ from specmm.core.compiled import compiled_forward
 from specmm.core.sampling import GREEDY
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import ModelDrafter
+from specmm.ssm import SSMTarget
 from specmm.ssm.steps import tree_steps
 from tests.conftest import left_padded_batch
 from tests.core.test_compiled import counting_host_syncs
@@ -123,3 +124,22 @@ def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_t
     assert all("forward" not in mixer.__dict__ for mixer in gen.target.mixers.values())  # stock mixers again
     assert torch.equal(target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                                        pad_token_id=0)[:, ids.shape[1]:], reference)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_skipped(arch, monkeypatch):
+    """CUDA graphs' rules played on the CPU (`tests.graph_pool`): the verify's and commit's outputs are overwritten at
+    the next step, and every state a graph writes in place (SSM and conv states, the hybrid's KV cache) must be
+    static. Draft and target compiled, two generations over the same buffers, HF `generate`'s tokens each time; the
+    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`)."""
+    from tests.graph_pool import graphed_on_cpu
+
+    target, draft, ids, mask, reference = greedy_case(arch)
+    pool = graphed_on_cpu(monkeypatch)
+    for tree, commit in (("static", "closed_form"), ("dynamic", "closed_form"), ("chain", "replay")):
+        gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit), ModelDrafter(draft), tree=TREES[tree],
+                                          compile=True)
+        for _ in range(2):
+            out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+            assert torch.equal(out.sequences[:, ids.shape[1]:], reference), f"{arch}, {tree} tree, {commit}"
+    assert pool.poisoned > 0 and pool.skipped == [] and pool.hosted == []
