@@ -1,4 +1,4 @@
-"""CUDA graphs' rule for outputs, on a CPU: what a graphed call returns is overwritten at the next step.
+"""CUDA graphs' rules, on a CPU: outputs overwritten at the next step, in-place writes only into static tensors.
 
 Under `torch.compile(mode="reduce-overhead")` a graph's outputs live in its memory pool. After
 `torch.compiler.cudagraph_mark_step_begin()` (specmm calls it before every graphed call) the next replay writes
@@ -7,6 +7,13 @@ hook's captured features) silently changes. `GraphPool` plays that on a CPU: its
 outputs (those not sharing memory with the call's inputs, which the graph updates in place), and each step
 begin poisons every recorded output: NaN for floats, a huge index for integers, flipped booleans. A compiled
 path that holds a graph's output across steps then gives wrong tokens or fails, as it would on a GPU.
+
+The pool also lists what would make CUDA-graph trees run a graph without CUDA graphs or record it again:
+- `skipped`: a call wrote in place into an input that is not static (not a parameter, buffer or
+  `mark_static_address`ed tensor);
+- `rerecorded`: a static input is at another address than at the graph's last call (the trees record again, and
+  after 128 times stop graphing the function);
+- `hosted`: a tensor factory without a device inside a graph, which on a GPU makes a CPU tensor.
 
 `graphed_on_cpu(monkeypatch)` puts compiled mode (core engine, image sampler, SSM targets) in its CUDA-graph mode:
 graphs compiled for that mode run on the pool, the others (helpers compiled without CUDA graphs) plainly, all
@@ -47,6 +54,7 @@ class GraphPool:
         self.poisoned = 0
         self.hosted: list[str] = []  # factories in graphs that would make CPU tensors on a GPU
         self.skipped: list[str] = []  # graphs CUDA-graph trees would not record: they mutate a non-static input
+        self.rerecorded: list[str] = []  # calls whose static inputs moved since the graph's last call: recorded again
 
     def record(self, inputs: tuple, outputs, mutated: list[int], name: str) -> None:
         held = {a.untyped_storage().data_ptr() for a in tree_leaves(inputs) if isinstance(a, Tensor)}
@@ -86,7 +94,16 @@ def pooled_backend(graph: torch.fx.GraphModule, example_inputs: list[Tensor]):
                           for node in graph.graph.nodes if node.op == "call_function" and node.target in FACTORIES
                           and node.kwargs.get("device") is None]
 
+    last_static: list[tuple[int, int]] | None = None  # (input, address) of the static inputs at the last call
+
     def replay(*args):
+        nonlocal last_static
+        static = [(i, a.data_ptr()) for i, a in enumerate(args)
+                  if isinstance(a, Tensor) and getattr(a, "_dynamo_static_input_type", None) is not None]
+        if ACTIVE is not None and last_static is not None and static != last_static:
+            moved = sorted({placeholders[i] for i, _ in set(static) ^ set(last_static)})
+            ACTIVE.rerecorded.append(f"{name}: static inputs moved {moved}")
+        last_static = static
         versions = [a._version if isinstance(a, Tensor) else None for a in args]
         out = run(*args)
         mutated = [placeholders[i] for i, (a, v) in enumerate(zip(args, versions))

@@ -78,3 +78,18 @@ def test_a_factory_without_a_device_is_reported(pool):
     """On a GPU, `torch.arange(n)` inside a graph makes a CPU tensor: a device mismatch, or CUDA graphs skipped."""
     compiled_forward(Hosted(), GRAPHED)(x=torch.ones(3))
     assert len(pool.hosted) == 1 and "arange" in pool.hosted[0]
+
+
+def test_a_static_input_at_a_new_address_is_recorded_again(pool):
+    """The trees record a graph again when a static input moves (and after 128 times stop graphing it): state that
+    is allocated afresh per generation must be resident instead (`specmm.core.resident`)."""
+    step = compiled_forward(Doubler(), GRAPHED)
+    counts = torch.zeros(2, dtype=torch.long)
+    torch._dynamo.mark_static_address(counts)
+    for _ in range(2):
+        step(x=torch.ones(2), counts=counts)  # same address: one recording
+    assert pool.rerecorded == []
+    moved = torch.zeros(2, dtype=torch.long)
+    torch._dynamo.mark_static_address(moved)
+    step(x=torch.ones(2), counts=moved)
+    assert len(pool.rerecorded) == 1 and "counts" in pool.rerecorded[0]

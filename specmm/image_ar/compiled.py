@@ -10,11 +10,15 @@ modes give the same tokens, and nothing in a part reads a tensor on the host.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 from specmm.core.compiled import StaticPlan, compile_failure, compiled_forward, graph_mode
 from specmm.core.compiled_accept import WALK, AcceptWalk
+from specmm.image_ar.llamagen.gpt import KVCache
 
 
 def image_plan(device: torch.device) -> StaticPlan:
@@ -40,6 +44,23 @@ def run(module: nn.Module, plan: StaticPlan | None, **inputs):
     return compiled_forward(module, plan.mode)(**inputs)
 
 
+def kept_cache(owner: nn.Module, name: str, shape: tuple, make: Callable[[], KVCache],
+               plan: StaticPlan | None) -> KVCache:
+    """`make()`; in compiled mode the one cache of `owner` (a model) for `name` and `shape` (rows, length, dtype,
+    device), its buffers static. Every generation and sampler of that shape writes the same buffers (stale slots are
+    masked, never cleared), so CUDA graphs recorded over them replay rather than record again (the trees stop
+    graphing a function recorded 128 times). Each caller gets its own `KVCache` object over them: narrowing it
+    (`select_rows`) rebinds only the caller's lists."""
+    if plan is None or not plan.compile:
+        return make()
+    caches = owner.__dict__.setdefault("_specmm_image_caches", {})  # a plain dict, not a submodule
+    cache = caches.get((name, *shape))
+    if cache is None:
+        cache = caches[(name, *shape)] = make()
+        static_buffers(cache.keys + cache.values, plan)
+    return copy.copy(cache)
+
+
 def static_buffers(tensors: list[Tensor], plan: StaticPlan | None) -> None:
     """Mark cache buffers a compiled part writes in place as static (CUDA graphs keep their addresses)."""
     if plan is not None and plan.compile and plan.mode is not None:
@@ -54,4 +75,4 @@ def compile_failures(*owners: nn.Module | None) -> list[str]:
     return [f"{name}: {why}" for name, why in reasons if why is not None]
 
 
-__all__ = ["AcceptWalk", "compile_failures", "image_plan", "part", "run", "static_buffers"]
+__all__ = ["AcceptWalk", "compile_failures", "image_plan", "kept_cache", "part", "run", "static_buffers"]

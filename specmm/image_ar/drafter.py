@@ -29,7 +29,7 @@ from specmm.image_ar.llamagen.gpt import (
     TransformerBlock,
     rope_table_2d,
 )
-from specmm.image_ar.compiled import part, run, static_buffers
+from specmm.image_ar.compiled import kept_cache, part, run
 from specmm.image_ar.target import GuidedTarget, cache_rows, combine, pack
 
 
@@ -74,7 +74,6 @@ class ImageDrafter(CountsForwards):
         self.draft_forwards = 0
         self.target: GuidedTarget | None = None
         self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: head runs compiled
-        self._kept: KVCache | None = None  # compiled mode: the head's cache, reused while its shape fits
 
     @classmethod
     def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
@@ -114,12 +113,9 @@ class ImageDrafter(CountsForwards):
         c = self.head.config
         ref = self.gpt.tok_embeddings.weight
         length = c.block_size + self.target.max_nodes + 1
-        kept = self._kept
-        if self.static_plan is None or kept is None or kept.keys[0].shape[0] != rows or kept.length != length:
-            kept = KVCache(1, rows, c.kv_heads, length, c.head_dim, ref.dtype, ref.device)
-            static_buffers(kept.keys + kept.values, self.static_plan)
-        self.cache = kept
-        self._kept = kept if self.static_plan is not None else None  # compiled mode reuses it (stale slots are masked)
+        self.cache = kept_cache(self.head, "drafter", (rows, length, ref.dtype, ref.device),
+                                lambda: KVCache(1, rows, c.kv_heads, length, c.head_dim, ref.dtype, ref.device),
+                                self.static_plan)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=input_ids.device)  # [B] committed slots
         self.draft_forwards = 0
         self.pending = (input_ids[:, -1:], prefill.features, torch.ones_like(input_ids[:, -1:], dtype=torch.bool))
@@ -150,7 +146,6 @@ class ImageDrafter(CountsForwards):
     def select_rows(self, rows: Tensor) -> None:
         kept = torch.cat([rows, rows + self.lengths.shape[0]]) if self.target.guided else rows
         self.cache.select_rows(kept)
-        self._kept = None
         self.lengths = self.lengths[rows]
         self.pending = tuple(p[rows] for p in self.pending)
 

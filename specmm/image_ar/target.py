@@ -18,7 +18,7 @@ from specmm.core.compiled import StaticPlan
 from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
 from specmm.core.target import FEATURES, PrefillOutput, TargetOutput
 from specmm.core.tree import DraftTree, ancestor_mask
-from specmm.image_ar.compiled import part, run, static_buffers
+from specmm.image_ar.compiled import kept_cache, part, run
 from specmm.image_ar.llamagen.gpt import KVCache, LlamaGenGPT
 
 
@@ -43,7 +43,6 @@ class GuidedTarget:
         self.needs: frozenset[str] = frozenset()
         self.last_logits: Tensor | None = None  # [B, T, V] combined logits of the last verify (Jacobi reads them)
         self.static_plan: StaticPlan | None = None  # set by the engine (or ImageSampler) in compiled mode
-        self._kept: KVCache | None = None  # compiled mode: the cache, reused while its shape fits
 
     # ------------------------------------------------------------------ setup
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
@@ -98,14 +97,10 @@ class GuidedTarget:
         return PrefillOutput(features=pack(features[:, -1:], self.guided), next_logits=first[:, 0])  # [B, 1, F], [B, V]
 
     def _new_cache(self, rows: int, length: int) -> KVCache:
-        """A fresh cache, or in compiled mode the kept one when its shape fits (stale slots are always masked)."""
-        if self.static_plan is None:
-            return self.gpt.new_cache(rows, length)
-        kept = self._kept
-        if kept is None or kept.keys[0].shape[0] != rows or kept.length != length:
-            kept = self._kept = self.gpt.new_cache(rows, length)
-            static_buffers(kept.keys + kept.values, self.static_plan)
-        return kept
+        """A fresh cache, or in compiled mode the model's kept one of this shape (`kept_cache`)."""
+        ref = self.gpt.tok_embeddings.weight
+        return kept_cache(self.gpt, "target", (rows, length, ref.dtype, ref.device),
+                          lambda: self.gpt.new_cache(rows, length), self.static_plan)
 
     def close(self) -> None:
         return None
@@ -141,7 +136,6 @@ class GuidedTarget:
                            lengths=self.lengths, guided=self.guided)
 
     def select_rows(self, rows: Tensor) -> None:
-        self._kept = None  # the cache gets new (narrower) buffers
         kept = torch.cat([rows, rows + self.batch]) if self.guided else rows
         self.cache.select_rows(kept)
         self.key_valid = self.key_valid[kept]
