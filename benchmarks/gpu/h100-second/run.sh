@@ -29,7 +29,7 @@ step() {  # step NAME LIMIT specmm-args...
   $PY -c "import torch,transformers,sys;print(sys.version,torch.__version__,transformers.__version__,torch.cuda.is_available())"
   nproc; } > $W/env.txt 2>&1; cat $W/env.txt
 B=bfloat16; O="--out $W"
-if [ "$QUICK" = 1 ]; then B=float32; fi
+if [ "$QUICK" = 1 ]; then B=${QUICK_DTYPE:-float32}; fi  # QUICK_DTYPE=bfloat16: the dry run in the GPU run's dtype
 if [ "$SET" = text ]; then
   if [ "$QUICK" = 1 ]; then
     step ssm-mamba2 600 bench ssm --scale cpu --device $DEV --dtype $B --compile --no-eager --no-profile --drafts distilled --targets mamba2 --max-new-tokens 8 --repeats 1 --warmup 1 $O --name ssm-q
@@ -50,7 +50,7 @@ elif [ "$SET" = core-vlm ]; then
   step vlm 220 bench vlm --scale cpu --device $DEV --dtype $B --compile --methods eagle,vispec --trees chain --batch-sizes 1 --temperatures 0 --scenes 4 --no-profile --repeats 2 --warmup 1 $O --name vlm-captioner-cpu-cuda-bf16-compiled
 else
   if [ "$QUICK" = 1 ]; then
-    step image_ar 600 bench image_ar --scale cpu --device $DEV --compile --methods ar,lantern,gsd-drafter --draft-chain 6 3 --images 2 --batch-sizes 1 2 $O --name image-q
+    step image_ar 600 bench image_ar --scale cpu --device $DEV --dtype $B --compile --methods ar,lantern,gsd-drafter --draft-chain 6 3 --images 2 --batch-sizes 1 2 $O --name image-q
     exit 0
   fi
   step image_ar 300 bench image_ar --scale cpu --device $DEV --dtype $B --compile --methods ar,lantern,gsd-drafter --draft-chain 6 3 --images 32 --batch-sizes 1 8 $O --name image_ar-imagegen-cpu-cuda-bf16-compiled
