@@ -126,17 +126,19 @@ def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_t
                                        pad_token_id=0)[:, ids.shape[1]:], reference)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+@pytest.mark.parametrize("arch", COMPILED_ARCHS)
 def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_skipped(arch, monkeypatch):
     """CUDA graphs' rules played on the CPU (`tests.graph_pool`): the verify's and commit's outputs are overwritten at
     the next step, and every state a graph writes in place (SSM and conv states, the hybrid's KV cache) must be
     static. Draft and target compiled, two generations over the same buffers, HF `generate`'s tokens each time; the
-    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`)."""
+    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`). GraniteMoeHybrid is not here:
+    its graph breaks inside the layer loop, so one graph serves every layer and re-records per layer."""
     from tests.graph_pool import graphed_on_cpu
 
     target, draft, ids, mask, reference = greedy_case(arch)
     pool = graphed_on_cpu(monkeypatch)
-    for tree, commit in (("static", "closed_form"), ("dynamic", "closed_form"), ("chain", "replay")):
+    configs = (("static", "closed_form"), ("dynamic", "closed_form"), ("chain", "replay"))
+    for tree, commit in configs if arch in ("mamba2", "bamba") else configs[1:2]:  # the others: the suite's time
         gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit), ModelDrafter(draft), tree=TREES[tree],
                                           compile=True)
         for _ in range(2):
