@@ -56,7 +56,9 @@ class GraphPool:
         self.skipped: list[str] = []  # graphs CUDA-graph trees would not record: they mutate a non-static input
         self.rerecorded: list[str] = []  # calls whose static inputs moved since the graph's last call: recorded again
 
-    def record(self, inputs: tuple, outputs, mutated: list[int], name: str) -> None:
+    def record(self, inputs: tuple, outputs, mutated: list[str], name: str) -> None:
+        """One graphed call: its outputs (not its inputs' memory) to poison at the next step, and the non-static
+        inputs it wrote in place (by placeholder name)."""
         held = {a.untyped_storage().data_ptr() for a in tree_leaves(inputs) if isinstance(a, Tensor)}
         self.calls += 1
         if mutated:
