@@ -67,12 +67,15 @@ class GraphPool:
                          and t.untyped_storage().data_ptr() not in held]
 
     def step_begin(self) -> None:
-        seen: set[int] = set()
+        """Overwrite every recorded output's memory once (outputs that view one storage share it: poisoning each
+        view in turn would flip a boolean back)."""
+        storages: dict[int, Tensor] = {}
         for tensor in self.outputs:
-            if id(tensor) not in seen:
-                seen.add(id(tensor))
-                poison(tensor)
-                self.poisoned += 1
+            storages.setdefault(tensor.untyped_storage().data_ptr(), tensor)
+        for tensor in storages.values():
+            storage = tensor.untyped_storage()
+            poison(tensor.new_empty(0).set_(storage, 0, (storage.nbytes() // tensor.element_size(),)))
+        self.poisoned += len(self.outputs)
         self.outputs.clear()
 
 

@@ -93,3 +93,18 @@ def test_a_static_input_at_a_new_address_is_recorded_again(pool):
     torch._dynamo.mark_static_address(moved)
     step(x=torch.ones(2), counts=moved)
     assert len(pool.rerecorded) == 1 and "counts" in pool.rerecorded[0]
+
+
+class Flags(torch.nn.Module):
+    def forward(self, x):
+        flags = x > 0
+        return flags, flags[:1]  # two outputs over one storage
+
+
+def test_outputs_that_share_memory_are_overwritten_once(pool):
+    """A boolean flipped once per view would be flipped back: each storage is poisoned once, as a replay would."""
+    step = compiled_forward(Flags(), GRAPHED)
+    flags, first = step.compiled(torch.tensor([1.0, -1.0]))
+    step.compiled(torch.tensor([1.0, -1.0]))  # specmm's next call begins a step
+    pool.step_begin()
+    assert flags.tolist() == [False, True] and first.tolist() == [False]
