@@ -246,13 +246,21 @@ def raise_recompile_limits(limit: int = 64) -> None:
 
 
 class CompiledForward:
-    """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile."""
+    """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile.
+
+    Under CUDA graphs the forward must trace as one graph (`fullgraph=True`). A forward that graph-breaks inside
+    its layer loop (GraniteMoeHybrid's eager MoE experts) runs one shared frame per layer, each time with other
+    weights: the trees would record that frame's CUDA graph again on every call, and stop graphing it after 128
+    recordings. Such a model runs compiled without CUDA graphs instead, with one warning naming the break.
+    """
 
     def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor"):
         self.model, self.mode, self.backend = model, mode, backend
         raise_recompile_limits()
-        self.compiled = compile_static(model.forward, mode, backend)
+        self.run_mode = mode  # the mode it runs in: `mode`, or None once a graphed compile found a graph break
+        self.compiled = compile_static(model.forward, mode, backend, fullgraph=mode == GRAPHED)
         self.failed: str | None = None  # why compilation failed, once it has
+        self.ungraphed: str | None = None  # why it runs without CUDA graphs, once a graph break showed it must
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
@@ -263,11 +271,20 @@ class CompiledForward:
         first = key not in self.shapes
         started = time.perf_counter()
         try:
-            out = run_graphed(self.compiled, self.mode, **inputs)
+            out = run_graphed(self.compiled, self.run_mode, **inputs)
         except torch._dynamo.exc.TorchDynamoException as error:  # compilation, not the model, failed
-            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            warnings.warn(f"compile=True: {type(self.model).__name__} could not be compiled ({self.failed}); "
-                          "running it eager", RuntimeWarning, stacklevel=3)
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            name = type(self.model).__name__
+            if self.run_mode == GRAPHED:  # fullgraph tracing failed before anything ran: compile it ungraphed
+                self.ungraphed, self.run_mode = reason, None
+                self.compiled = compile_static(self.model.forward, None, self.backend)
+                warnings.warn(f"compile=True: {name} does not trace as one graph ({reason}); it runs compiled "
+                              "without CUDA graphs, which would record it again per layer", RuntimeWarning,
+                              stacklevel=3)
+                return self(**inputs)
+            self.failed = reason
+            warnings.warn(f"compile=True: {name} could not be compiled ({reason}); running it eager",
+                          RuntimeWarning, stacklevel=3)
             return self.model(**inputs)
         if first:
             self.shapes.add(key)

@@ -155,7 +155,8 @@ class SSMTarget:
         if compiles(plan):  # one set of graphs per model, reused by every adapter of it
             self.steps = tree_steps(self.model, self.mixers)
             commit = self.steps.commits[self.commit_mode == "replay"]
-            self._compiled = (compiled_forward(self.steps.verify, plan.mode), compiled_forward(commit, plan.mode))
+            verify = compiled_forward(self.steps.verify, plan.mode)
+            self._compiled = (verify, compiled_forward(commit, verify.run_mode))
         self.steps.tree_pass.install()
 
     def close(self) -> None:
@@ -233,7 +234,13 @@ class SSMTarget:
     def _commit(self, path: Tensor, counts: Tensor, replay: bool, compiled: bool) -> None:
         """Keep nodes path[b, :counts[b]] of the last forward (rows with counts 0 keep their states)."""
         if self._records:
-            commit = self._compiled[1] if compiled and self._compiled is not None else self.steps.commits[replay]
+            commit = self.steps.commits[replay]
+            if compiled and self._compiled is not None:
+                verify, commit = self._compiled
+                if commit.mode != verify.run_mode:  # the verify graph-broke: its commit records, which dynamo
+                    # marked static as module attributes, are new each round, so no CUDA graphs for the commit
+                    commit = compiled_forward(commit.model, verify.run_mode)
+                    self._compiled = (verify, commit)
             ancestors = next(iter(self._records.values())).ancestors
             commit(records=self._records, path=path, counts=counts, ancestors=ancestors, conv=self.states.conv,
                    ssm=self.states.ssm)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import specmm
-from specmm.core.compiled import GRAPHED, run_graphed
+from specmm.core.compiled import GRAPHED, compiled_forward, run_graphed
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import EagleDrafter, ModelDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
@@ -230,6 +230,32 @@ def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(c
         assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
         assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
     assert len([w for w in seen if "one graph" in str(w.message)]) == 1 and not compiled.whole_round  # once
+
+
+def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_ungraphed(monkeypatch):
+    """Under CUDA graphs' rules (`tests.graph_pool`) the shared per-layer frames of the test above would be recorded
+    again at every layer (static inputs: each layer's weights). The target's forward runs compiled without CUDA
+    graphs instead, with one warning naming the break; the drafter's stays graphed; the eager tokens."""
+    from tests.graph_pool import graphed_on_cpu
+
+    target, draft = tiny_model("llama"), tiny_model("llama", seed=5, num_hidden_layers=1)
+    for layer in target.model.layers:
+        def mlp_with_a_break(*args, _forward=layer.mlp.forward, **kwargs):
+            torch._dynamo.graph_break()
+            return _forward(*args, **kwargs)
+        monkeypatch.setattr(layer.mlp, "forward", mlp_with_a_break)
+    ids, mask = left_padded_batch([4, 7], seed=1)
+    chain = specmm.TreeSpec.chain(3)
+    eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
+    pool = graphed_on_cpu(monkeypatch)
+    compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain, compile=True)
+    with pytest.warns(RuntimeWarning) as seen:
+        for _ in range(2):
+            assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
+    assert pool.calls > 0 and pool.rerecorded == pool.skipped == pool.hosted == []  # the drafter's graphs replay
+    ungraphed = [str(w.message) for w in seen if "without CUDA graphs" in str(w.message)]
+    assert len(ungraphed) == 1 and ungraphed[0].startswith("compile=True: LlamaForCausalLM does not trace"), ungraphed
+    assert compiled_forward(target, GRAPHED).run_mode is None and compiled_forward(draft, GRAPHED).run_mode == GRAPHED
 
 
 class _Pair(NamedTuple):

@@ -131,8 +131,8 @@ def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_ski
     """CUDA graphs' rules played on the CPU (`tests.graph_pool`): the verify's and commit's outputs are overwritten at
     the next step, and every state a graph writes in place (SSM and conv states, the hybrid's KV cache) must be
     static. Draft and target compiled, two generations over the same buffers, HF `generate`'s tokens each time; the
-    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`). GraniteMoeHybrid is not here:
-    its graph breaks inside the layer loop, so one graph serves every layer and re-records per layer."""
+    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`). GraniteMoeHybrid has its own
+    test below: its forward graph-breaks inside the layer loop, so it runs without CUDA graphs."""
     from tests.graph_pool import graphed_on_cpu
 
     target, draft, ids, mask, reference = greedy_case(arch)
@@ -145,3 +145,22 @@ def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_ski
             out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
             assert torch.equal(out.sequences[:, ids.shape[1]:], reference), f"{arch}, {tree} tree, {commit}"
     assert pool.poisoned > 0 and pool.skipped == pool.hosted == pool.rerecorded == []
+
+
+def test_under_cuda_graph_rules_a_model_that_graph_breaks_per_layer_runs_ungraphed_with_one_warning(monkeypatch):
+    """GraniteMoeHybrid's eager MoE experts graph-break inside the layer loop, so under CUDA graphs one frame would
+    serve every layer and be recorded again per layer (`pool.rerecorded`). Its forward runs compiled without CUDA
+    graphs instead: HF `generate`'s tokens, nothing recorded again, one warning that names the model."""
+    from tests.graph_pool import graphed_on_cpu
+
+    target, draft, ids, mask, reference = greedy_case("granite_hybrid")
+    pool = graphed_on_cpu(monkeypatch)
+    gen = specmm.SpeculativeGenerator(SSMTarget(target), ModelDrafter(draft), tree=TREES["dynamic"], compile=True)
+    with pytest.warns(RuntimeWarning) as caught:
+        for _ in range(2):
+            out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+            assert torch.equal(out.sequences[:, ids.shape[1]:], reference)
+    assert pool.calls > 0 and pool.skipped == pool.hosted == pool.rerecorded == []
+    ungraphed = [str(w.message) for w in caught if "without CUDA graphs" in str(w.message)]
+    assert len(ungraphed) == 1 and "does not trace as one graph" in ungraphed[0], [str(w.message) for w in caught]
+    assert compiled_forward(gen.target.steps.verify, "reduce-overhead").ungraphed is not None
