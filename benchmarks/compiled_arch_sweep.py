@@ -1,0 +1,142 @@
+"""Compiled mode over many stock HF causal-LM architectures: tokens against HF `generate`, optionally under CUDA
+graphs' rules (`tests/graph_pool.py`).
+
+For each `model_type`, a tiny random model built from its config (float64; float32 where HF's own forward needs it:
+grouped-GEMM MoE experts, and Gemma2, whose eager attention turns a float64 left-padded batch into NaNs), a noisy
+copy as the drafter, a ragged left-padded batch of 3 with an EOS that stops one row early. Each of a chain and a
+dynamic tree runs eager and compiled (`aot_eager` backend: the same graphs as inductor, no kernel codegen); a row is
+OK when the tokens equal HF `generate(do_sample=False)`'s. With `--rules` the compiled rows run under the rules, and
+the report adds what they caught (a graph not recorded, recorded again, or making CPU tensors).
+
+usage: PYTHONPATH=. python benchmarks/compiled_arch_sweep.py [--rules] [--out report.md] [model_type ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specmm  # noqa: E402
+from specmm.core import compiled  # noqa: E402
+from specmm.drafters import ModelDrafter  # noqa: E402
+from tests.conftest import left_padded_batch, perturbed_copy  # noqa: E402
+
+VOCAB = 96
+COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+              vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0)
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+WINDOW = dict(sliding_window=12)  # shorter than a run: the window's mask is exercised
+CONFIGS: dict[str, dict] = {
+    "llama": {}, "qwen2": {}, "qwen3": dict(head_dim=8), "mistral": WINDOW, "ministral": dict(
+        **WINDOW, head_dim=8, layer_types=["sliding_attention", "full_attention"]),
+    "gemma": dict(head_dim=8), "gemma2": dict(head_dim=8, **WINDOW), "gemma3_text": dict(head_dim=8, **WINDOW),
+    "phi": {}, "phi3": {}, "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=256), "opt": dict(
+        ffn_dim=64, word_embed_proj_dim=32), "gpt_neox": {}, "falcon": dict(new_decoder_architecture=True,
+                                                                              num_kv_heads=2),
+    "cohere": {}, "cohere2": WINDOW, "olmo": {}, "olmo2": {}, "olmo3": WINDOW, "stablelm": {}, "granite": {},
+    "starcoder2": {}, "glm": dict(head_dim=8), "helium": dict(head_dim=8), "smollm3": {}, "exaone4": {},
+    "ernie4_5": {}, "seed_oss": dict(head_dim=8), "arcee": {}, "hunyuan_v1_dense": dict(head_dim=8), "bitnet": {},
+    "apertus": {},
+    "mixtral": dict(num_local_experts=4), "qwen2_moe": dict(num_experts=4, shared_expert_intermediate_size=32, **MOE),
+    "qwen3_moe": dict(head_dim=8, num_experts=4, **MOE),
+    "gpt_oss": dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2, **WINDOW),
+    "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                        head_dim=8, num_key_value_heads=4, n_routed_experts=4, first_k_dense_replace=1, n_group=1,
+                        topk_group=1, **MOE),
+}
+FLOAT32 = ("gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3")
+TREES = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)}
+
+
+def tiny(model_type: str) -> torch.nn.Module:
+    """A random 2-layer model of `model_type` (sdpa attention where the class has it, else eager)."""
+    config = AutoConfig.for_model(model_type, **{**COMMON, **CONFIGS[model_type]})
+    for attention in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        try:
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+            break
+        except ValueError:  # "does not support ... scaled_dot_product_attention"
+            continue
+    model = model.to(torch.float32 if model_type in FLOAT32 else torch.float64).eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    return model
+
+
+def sweep(model_type: str, pool) -> list[str]:
+    """Report lines for one architecture (a line per tree)."""
+    target = tiny(model_type)
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([3, 8, 5], vocab=VOCAB, seed=4)
+    free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=0)
+    eos = int(free[1, ids.shape[1] + 6])  # row 1 stops early
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=0,
+                                eos_token_id=eos)
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=0)
+    lines = []
+    for name, tree in TREES.items():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
+            gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
+            out = gen.generate(ids, **kwargs)
+        said = sorted({str(w.message).split(";")[0] for w in seen if "compile=True" in str(w.message)})
+        verdict = lambda seqs: "OK" if torch.equal(seqs[:, :reference.shape[1]], reference) else "DIFFERS"  # noqa
+        caught = ""
+        if pool is not None:
+            caught = " | " + (", ".join(f"{kind}: {len(set(found))}" for kind, found in (
+                ("not recorded", pool.skipped), ("recorded again", pool.rerecorded), ("CPU tensors", pool.hosted))
+                if found) or "clean")
+            pool.skipped.clear(), pool.rerecorded.clear(), pool.hosted.clear()
+        lines.append(f"| {model_type} | {type(target).__name__} | {str(target.dtype)[6:]} | {name} | "
+                     f"{verdict(eager.sequences)} | {verdict(out.sequences)} | {gen.whole_round} | "
+                     f"{'; '.join(said) or '-'}{caught} |")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_types", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--rules", action="store_true", help="compiled rows under CUDA graphs' rules")
+    parser.add_argument("--out", type=Path, help="write the Markdown table here too")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.model_types) - set(CONFIGS))
+    if unknown:
+        parser.error(f"no tiny config for {unknown}; known: {sorted(CONFIGS)}")
+    torch.set_num_threads(1)
+    compiled.BACKEND = "aot_eager"
+    pool = None
+    with pytest.MonkeyPatch.context() as patch:
+        if args.rules:
+            from tests.graph_pool import graphed_on_cpu
+            pool = graphed_on_cpu(patch)
+        columns = ["model_type", "class", "dtype", "tree", "eager = generate", "compiled = generate",
+                   "one-graph round", "warnings", *(["graph rules"] if args.rules else [])]
+        head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        print("\n".join(head), flush=True)
+        lines, failed = [], 0
+        for model_type in args.model_types:
+            try:
+                found = sweep(model_type, pool)
+            except Exception as error:  # noqa: BLE001 - a report line per architecture, whatever broke
+                found = [f"| {model_type} | | | | ERROR | {type(error).__name__}: {str(error)[:120]} | | |"
+                         + (" |" if args.rules else "")]
+            failed += sum("DIFFERS" in line or "ERROR" in line or "recorded" in line or "CPU tensors" in line
+                          for line in found)
+            print("\n".join(found), flush=True)
+            lines += found
+    if args.out:
+        args.out.write_text("\n".join(head + lines) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
