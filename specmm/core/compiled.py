@@ -128,23 +128,27 @@ class CompileClock:
     seconds = 0.0
 
 
-_COMPILED: weakref.WeakKeyDictionary[nn.Module, CompiledForward] = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, CompiledForward]] = weakref.WeakKeyDictionary()
 
 
-def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForward:
-    """The one compiled forward of `model` (made on first use)."""
+def compiled_forward(model: nn.Module, mode: str | None = None, hooked: nn.Module | None = None) -> CompiledForward:
+    """The one compiled forward of `model` for `mode` (made on first use); `hooked`: the submodule a caller keeps a
+    forward hook on while it calls (a feature capture), which gets graphs of its own. Dynamo does not guard on
+    module hooks (`skip_nnmodule_hook_guards`): a graph traced without the hook would run without it, and one
+    traced with it would call a hook since removed."""
     if torch.compiler.is_compiling():  # inside a compiled round: the model is traced into it (no registry
         return model  # lookup: a guard on the registry would recompile the round whenever it grows)
-    found = _COMPILED.get(model)
-    if found is None or found.mode != mode or found.backend != BACKEND:
-        found = _COMPILED[model] = CompiledForward(model, mode, BACKEND)
+    kept = _COMPILED.setdefault(model, {})
+    key = (mode, BACKEND, None if hooked is None else id(hooked))
+    found = kept.get(key)
+    if found is None:
+        found = kept[key] = CompiledForward(model, mode, BACKEND)
     return found
 
 
 def compile_failure(model: nn.Module) -> str | None:
     """Why compiled mode could not compile `model` (None when it compiled, or was never asked to)."""
-    found = _COMPILED.get(model)
-    return None if found is None else found.failed
+    return next((found.failed for found in _COMPILED.get(model, {}).values() if found.failed is not None), None)
 
 
 def compile_static(fn, mode: str | None = None, backend: str | None = None, fullgraph: bool = False):

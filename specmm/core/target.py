@@ -113,7 +113,7 @@ class ModelRunner:
             layers = getattr(model, "num_cache_layers", None) or model.config.get_text_config().num_hidden_layers
             self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve,
                                         compile=static.compile, owner=model, role=role, mode=static.mode)
-            self.compiled = compiled_forward(model, static.mode) if static.compile else None
+            self.compiled = compiled_forward(model, static.mode, hooked=capture) if static.compile else None
         self.capture = capture
         self._captured: Tensor | None = None
         self._hook = capture.register_forward_hook(self._capture) if capture is not None else None

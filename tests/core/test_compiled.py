@@ -258,6 +258,25 @@ def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_ung
     assert compiled_forward(target, GRAPHED).run_mode is None and compiled_forward(draft, GRAPHED).run_mode == GRAPHED
 
 
+def test_a_forward_hook_gets_graphs_of_its_own(capture_only):
+    """Dynamo does not guard on module hooks: a graph traced without the feature-capture hook would run without it
+    (stale features for EAGLE after a plain drafter over the same target and shapes), so a hooked caller gets its
+    own compiled forward, and the plain one stays without the hook."""
+    target = tiny_model("llama")
+    ids = torch.randint(1, 50, (2, 5))
+    compiled_forward(target)(input_ids=ids)  # traced without the hook
+    norm, seen = target.model.norm, []
+    handle = norm.register_forward_hook(lambda module, args, out: seen.append(out))
+    expected = target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    seen.clear()
+    compiled_forward(target, hooked=norm)(input_ids=ids)
+    assert len(seen) == 1 and torch.equal(seen[0], expected)
+    handle.remove()
+    compiled_forward(target)(input_ids=ids)
+    compiled_forward(target, hooked=norm)(input_ids=ids)  # a graph traced with a hook since removed: not called
+    assert len(seen) == 1
+
+
 class _Pair(NamedTuple):
     first: torch.Tensor
     second: torch.Tensor
