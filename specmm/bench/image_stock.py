@@ -56,8 +56,10 @@ def bench_stock_images(args) -> int:
 
         bench = [Method(f"hf generate (bs {batch_size})", hf_generate, baseline=True)]
         for method in methods:
-            sampler: ImageSampler = make_sampler(image, method, **knobs)
-            bench.append(Method(f"{method} (bs {batch_size})", _runner(sampler, batch, args.cfg_scale)))
+            for compiled in (False, True) if args.compile else (False,):
+                sampler: ImageSampler = make_sampler(image, method, compile=compiled, **knobs)
+                name = f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
+                bench.append(Method(name, _runner(sampler, batch, args.cfg_scale), compiled=compiled))
         timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
         rows += timed
     text = model.config.get_text_config()
@@ -71,6 +73,9 @@ def bench_stock_images(args) -> int:
              "speedup = HF generate's wall time / the method's at the same batch size (median of the repeats).",
              "outputs match: greedy tokens equal HF generate's (exact SD, SJD and AR must; GSD is lossy).",
              f"SJD and GSD use Jacobi windows of {args.window}."]
+    if args.compile:
+        notes.append("compiled rows: `ImageSampler(compile=True)`, the model's forwards compiled over a static cache "
+                     "(CUDA graphs on CUDA); they compile in the warm-up run, never inside a timed one.")
     report = BenchReport(name=f"image_ar on {type(model).__name__} ({device.type})",
                          command="specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]), rows=rows, setup=setup,
                          notes=notes, machine=machine_info(device), created=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -60,6 +60,8 @@ class Emu3ImageModel:
     Sampled tokens are the VQ codes in raster order, height * width per image; `target.sequences(tokens)` puts the
     forced tokens back: the ids `generate` returns after the prompt (each row's end-of-line, then EOF, EOI, EOS)."""
 
+    compiles = True  # `ImageSampler(compile=True)`: the model's forwards run compiled over static caches
+
     def __init__(self, model: nn.Module, processor=None, height: int | None = None, width: int | None = None,
                  negative_prompt: str | Tensor | None = None):
         if type(model).__name__ != "Emu3ForConditionalGeneration":

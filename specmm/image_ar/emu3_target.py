@@ -19,6 +19,7 @@ forward of the stock model over a `ModelRunner` (4-D tree masks, explicit positi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -26,7 +27,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from specmm.core.compiled import StaticPlan
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.limits import check_position_scheme
 from specmm.core.processors import TreeLogitsProcessor
 from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
@@ -39,6 +40,7 @@ from specmm.core.target import (
     final_norm,
     model_device,
 )
+from specmm.core.static_cache import static_cache_length
 from specmm.core.tree import DraftTree
 
 CONDITIONING = ("prompt_ids", "prompt_mask", "negative_prompt_ids", "negative_prompt_attention_mask",
@@ -113,8 +115,8 @@ class Emu3Target:
 
     Its prompt is all conditioning: the engine gets `input_ids` of shape [B, 0] and the model inputs `prompt_ids`
     / `prompt_mask` (left-padded image-generation prompts), `negative_prompt_ids` / `negative_prompt_attention_mask`
-    (as HF's `generate`; None: the prompt's last token, as HF), `guidance_scale` and `max_nodes`. Compiled mode is
-    not implemented: a `static_plan` set by the engine is kept and the target runs eager (the same tokens)."""
+    (as HF's `generate`; None: the prompt's last token, as HF), `guidance_scale` and `max_nodes`. In compiled mode
+    (`static_plan` set by the engine) the model's forwards run compiled over a static cache sized here."""
 
     provides = frozenset({FEATURES})
 
@@ -196,7 +198,13 @@ class Emu3Target:
         ids, valid, positions = (torch.cat([nn.functional.pad(x, (width - x.shape[1], 0)) for x in xs])
                                  for xs in (ids, valid, positions))
         capture = final_norm(self.emu3) if FEATURES in self.needs else None
-        self.runner = ModelRunner(self.emu3, ids.shape[0], capture=capture)
+        static = self.static_plan
+        if compiles(static):  # slots for the prompt, the image with its ends of line, and one round of code and
+            # end-of-line nodes (the engine saw an empty prompt)
+            needed = ids.shape[1] + (self.width + 1) * self.height + 3 + 2 * max(static.reserve, max_nodes + 1)
+            static = dataclasses.replace(static, max_len=static_cache_length(needed))
+        self.runner = ModelRunner(self.emu3, ids.shape[0], capture=capture, static=static if compiles(static) else None,
+                                  role="emu3")
         out = self.runner.extend(valid.bool(), positions, input_ids=ids, logits_to_keep=1)
         # position of image token 0 per cache row: after the valid prompt (cond), after the padded one (uncond)
         starts = [prompt_mask.sum(1)] + ([torch.full_like(prompt_mask[:, 0], negative.shape[1])] if self.guided else [])

@@ -10,6 +10,7 @@ the core `ModelRunner` (4-D masks, explicit positions, ragged rows, left padding
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -17,7 +18,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
+from specmm.core.static_cache import static_cache_length
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, TargetOutput
 from specmm.core.tree import DraftTree
 from specmm.image_ar.images import to_pil
@@ -69,7 +72,7 @@ class JanusTarget:
         self.owner: nn.Module = janus  # the module the image parts hang on
         self.runner: ModelRunner | None = None
         self.last_logits: Tensor | None = None
-        self.static_plan = None  # eager only (ImageSampler refuses compile=True for stock generators)
+        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode
         self.guided, self.max_nodes, self.cfg_tensor = False, 1, torch.tensor(1.0)
 
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
@@ -109,7 +112,12 @@ class JanusTarget:
             keep = (prompt_ids == self.bos) | (prompt_ids == self.boi)
             rows = torch.cat([prompt_ids, prompt_ids.masked_fill(~keep, self.pad)])
             mask = cache_rows(mask, True)
-        self.runner = ModelRunner(self.lm, rows.shape[0])
+        static = self.static_plan
+        if compiles(static):  # slots for the text prompt, the image and one round (the engine saw an empty prompt)
+            needed = rows.shape[1] + self.tokens_per_image + max(static.reserve, max_nodes + 1)
+            static = dataclasses.replace(static, max_len=static_cache_length(needed))
+        self.runner = ModelRunner(self.lm, rows.shape[0], static=static if compiles(static) else None,
+                                  role="janus")
         embeds = self.janus.get_input_embeddings()(rows)
         hidden = self.runner.extend(mask.bool(), inputs_embeds=embeds).last_hidden_state[:, -1:]  # [R, 1, d]
         logits = combine(self.janus.model.generation_head(hidden), None, self.cfg_tensor, self.guided, -1)
@@ -184,6 +192,8 @@ class JanusImageLM(nn.Module):
 
 class JanusImageModel:
     """The `ImageModel` of a stock Janus with its processor: text prompts in, PIL images out."""
+
+    compiles = True  # `ImageSampler(compile=True)`: the language model's forwards run compiled over static caches
 
     def __init__(self, janus: nn.Module, processor=None):
         self.janus, self.processor = janus, processor

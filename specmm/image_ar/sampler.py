@@ -5,7 +5,7 @@ The core `SpeculativeGenerator` runs everything through its public round step: t
 prefill gives image token 0, then rounds of draft -> verify -> accept (ragged rows, per-row generators).
 `proposer="ar"` is the plain one-token-per-forward baseline. `compile=True` is the fast path for every proposer:
 the verify, commit, draft and acceptance parts run compiled with static shapes over LlamaGen's own static caches
-(`specmm.image_ar.compiled`), rows stay in the batch until all are done, and a round makes one host sync. Every
+(`specmm.image_ar.compiled`; Janus and Emu3: the stock model's forwards over the core's static cache), rows stay in the batch until all are done, and a round makes one host sync. Every
 round after the first (the first two when sampling: their draws go on a `DrawTape`) runs as one compiled graph."""
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class ImageSampler:
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")
         if compile and not getattr(self.model, "compiles", False):
-            raise ValueError(f"compile: the compiled fast path covers LlamaGen; {type(self.model).__name__} runs eager")
+            raise ValueError(f"compile: {type(self.model).__name__} has no compiled fast path (LlamaGen, Janus and "
+                             "Emu3 have: an image model says so with `compiles = True`); it runs eager")
         self.compile = compile
         self.profile = bool(profile)  # per-round time split in the stats (device syncs: for untimed runs)
         self.whole_round: bool | None = None  # compiled: whether the last sample's rounds ran as one graph each

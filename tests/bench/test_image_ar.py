@@ -109,7 +109,7 @@ def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tm
     assert rows["ar, compiled (bs 2)"]["round_ms"] == {}
 
 
-def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, capsys):
+def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, capsys, monkeypatch):
     from tests.image_ar.stock import janus_processor, tiny_janus
 
     folder, out = tmp_path / "janus", tmp_path / "bench"
@@ -123,6 +123,12 @@ def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, c
     assert all(rows[m]["matched"] for m in ("ar", "exact", "sjd"))  # greedy tokens equal HF generate's
     assert all(r["mean_accepted"] >= 1.0 and r["median_s"] > 0 for r in report["rows"])
     assert any("meaningless" in note for note in report["notes"]) and "meaningless" in capsys.readouterr().out
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")  # dynamo's graphs, no codegen: the suite's time
+    assert main(["bench", "image_ar", "--model", str(folder), "--batch-sizes", "2", "--window", "4", "--methods", "sjd",
+                 "--cfg-scale", "3", "--compile", "--out", str(out), "--name", "jc"]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "jc.json").read_text())["rows"]}
+    assert [r["compiled"] for r in rows.values()] == [False, False, True]
+    assert rows["sjd, compiled (bs 2)"]["matched"] and rows["sjd, compiled (bs 2)"]["compile_s"] > 0
 
 
 def test_bench_image_ar_draft_chain_gives_drafter_rows_a_chain(tmp_path, monkeypatch):

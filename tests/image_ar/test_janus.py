@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
 
 from specmm.core.tree import TreeSpec
 from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern
+from specmm.image_ar.janus import JanusImageModel
 
 from .stock import janus_processor, tiny_janus
 from .test_sampler_distribution import assert_images_match
@@ -140,8 +141,10 @@ def test_bad_input_is_refused_before_any_work(janus):
         sampler.sample(PROMPTS, cfg_scale=0.5)
     with pytest.raises(ValueError, match="cfg_interval"):
         ImageSampler.for_model(model, processor, proposer="ar", cfg_interval=3).sample(PROMPTS)
-    with pytest.raises(ValueError, match="compile: the compiled fast path covers LlamaGen"):
-        ImageSampler.for_model(model, processor, compile=True)
+    with pytest.raises(ValueError, match="compile: JanusImageModel has no compiled fast path"):
+        plain = JanusImageModel(model, processor)
+        plain.compiles = False  # an image model without one
+        ImageSampler(plain, compile=True)
     model.generation_config.repetition_penalty = 1.3
     try:
         with pytest.raises(ValueError, match=r"generation_config.repetition_penalty=1.3: a logits processor"):
@@ -175,3 +178,40 @@ def test_cli_samples_a_janus_folder_with_resume_and_grid(janus, tmp_path, capsys
     capsys.readouterr()
     assert main([*args[:-2], "--classes", "1", "--out", str(tmp_path / "x")]) == 2
     assert "--model: a stock generator folder takes --prompts, not --classes" in capsys.readouterr().err
+
+
+def test_compiled_greedy_tokens_equal_hf_generate_under_cuda_graph_rules(janus, hf_greedy, monkeypatch):
+    """`compile=True`: the stock language model's forwards run compiled over a static cache sized for the text prompt,
+    AR, Jacobi and a drafter tree in turn on one model (as a benchmark's rows), under CUDA graphs' rules
+    (`tests.graph_pool`: outputs overwritten at the next step, nothing recorded again)."""
+    from tests.graph_pool import graphed_on_cpu
+
+    model, processor = janus
+    pool = graphed_on_cpu(monkeypatch)
+    for proposer in ("ar", "jacobi", "drafter"):
+        torch.manual_seed(0)
+        chosen = ImageDrafter.for_target(model) if proposer == "drafter" else proposer
+        tree = TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6) if proposer == "drafter" else None
+        sampler = ImageSampler.for_model(model, processor, proposer=chosen, window=4, tree=tree, compile=True)
+        out = sampler.sample(PROMPTS, cfg_scale=SCALE, temperature=0.0, decode=False)
+        assert torch.equal(out.tokens, hf_greedy), proposer
+        assert sampler.whole_round is (None if proposer == "ar" else True)  # rounds after the first: one graph
+    assert pool.calls > 0 and pool.skipped == pool.rerecorded == pool.hosted == []
+
+
+@pytest.mark.parametrize("proposer", ["jacobi", "drafter"])
+def test_compiled_sampling_draws_eager_modes_tokens(janus, proposer, monkeypatch):
+    """Sampled with the same seeds, compiled mode gives eager mode's tokens (its draws are made eagerly, in eager
+    mode's order, `specmm.core.compiled.taped_rounds`), so it samples the law the eager tests check."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")  # dynamo's graphs without AOT or codegen
+    model, processor = janus
+    tokens = []
+    for compile in (False, True):
+        torch.manual_seed(0)
+        chosen = ImageDrafter.for_target(model) if proposer == "drafter" else proposer
+        tree = TreeSpec.dynamic(depth=3, top_k=2, total_tokens=6) if proposer == "drafter" else None
+        sampler = ImageSampler.for_model(model, processor, proposer=chosen, window=4, tree=tree, compile=compile)
+        generators = [torch.Generator().manual_seed(seed) for seed in (1, 2)]
+        tokens.append(sampler.sample(PROMPTS, cfg_scale=SCALE, temperature=1.0, top_k=3, generator=generators,
+                                     decode=False).tokens)
+    assert torch.equal(tokens[0], tokens[1])
