@@ -12,12 +12,14 @@ Masks cover the whole buffer ([B, 1, n, max_len]), as HF expects with static cac
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import compiled_helper
+from specmm.core.compiled import StaticPlan, compiled_helper, compiles
 from specmm.core.resident import resident
 from specmm.core.inplace import move_slots_
 
@@ -67,6 +69,14 @@ def static_cache_length(needed: int, bucket: int = 128) -> int:
     if needed <= bucket:
         return max(16, 1 << (needed - 1).bit_length())
     return -(-needed // bucket) * bucket
+
+
+def sized_plan(plan: StaticPlan | None, slots: int) -> StaticPlan | None:
+    """`plan` with room for `slots` cache slots (bucketed) when it compiles, else None. For targets whose prompt the
+    engine does not see (an empty [B, 0] prompt plus conditioning inputs), which size their own static cache."""
+    if not compiles(plan):
+        return None
+    return dataclasses.replace(plan, max_len=static_cache_length(slots))
 
 
 class StaticRowCache(RowCache):

@@ -152,7 +152,8 @@ class ModelRunner:
         call = self.compiled if fast else self.model
         out = call(attention_mask=mask, position_ids=positions, use_cache=True,
                    **{self.cache_keyword: self.cache.cache}, **inputs)
-        if fast and self._captured is not None and self.compiled.run_mode == GRAPHED and not torch.compiler.is_compiling():
+        graphed = fast and self.compiled.run_mode == GRAPHED
+        if graphed and self._captured is not None and not torch.compiler.is_compiling():
             self._captured = self._captured.clone()  # the hook kept a CUDA graph's output buffer (`graph_state`)
         return out
 

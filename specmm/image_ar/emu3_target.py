@@ -19,7 +19,6 @@ forward of the stock model over a `ModelRunner` (4-D tree masks, explicit positi
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -27,7 +26,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from specmm.core.compiled import StaticPlan, compiles
+from specmm.core.compiled import StaticPlan
 from specmm.core.limits import check_position_scheme
 from specmm.core.processors import TreeLogitsProcessor
 from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
@@ -40,7 +39,7 @@ from specmm.core.target import (
     final_norm,
     model_device,
 )
-from specmm.core.static_cache import static_cache_length
+from specmm.core.static_cache import sized_plan
 from specmm.core.tree import DraftTree
 
 CONDITIONING = ("prompt_ids", "prompt_mask", "negative_prompt_ids", "negative_prompt_attention_mask",
@@ -198,13 +197,11 @@ class Emu3Target:
         ids, valid, positions = (torch.cat([nn.functional.pad(x, (width - x.shape[1], 0)) for x in xs])
                                  for xs in (ids, valid, positions))
         capture = final_norm(self.emu3) if FEATURES in self.needs else None
-        static = self.static_plan
-        if compiles(static):  # slots for the prompt, the image with its ends of line, and one round of code and
-            # end-of-line nodes (the engine saw an empty prompt)
-            needed = ids.shape[1] + (self.width + 1) * self.height + 3 + 2 * max(static.reserve, max_nodes + 1)
-            static = dataclasses.replace(static, max_len=static_cache_length(needed))
-        self.runner = ModelRunner(self.emu3, ids.shape[0], capture=capture, static=static if compiles(static) else None,
-                                  role="emu3")
+        # slots for the prompt, the image with its ends of line (and EOF, EOI, EOS), and one round of code and
+        # end-of-line nodes
+        reserve = 2 * max(self.static_plan.reserve if self.static_plan else 0, max_nodes + 1)
+        static = sized_plan(self.static_plan, ids.shape[1] + (self.width + 1) * self.height + 3 + reserve)
+        self.runner = ModelRunner(self.emu3, ids.shape[0], capture=capture, static=static, role="emu3")
         out = self.runner.extend(valid.bool(), positions, input_ids=ids, logits_to_keep=1)
         # position of image token 0 per cache row: after the valid prompt (cond), after the padded one (uncond)
         starts = [prompt_mask.sum(1)] + ([torch.full_like(prompt_mask[:, 0], negative.shape[1])] if self.guided else [])

@@ -10,7 +10,6 @@ the core `ModelRunner` (4-D masks, explicit positions, ragged rows, left padding
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -18,9 +17,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from specmm.core.compiled import StaticPlan, compiles
+from specmm.core.compiled import StaticPlan
 from specmm.core.sampling import SamplingConfig, process_logits, sample_with_noise
-from specmm.core.static_cache import static_cache_length
+from specmm.core.static_cache import sized_plan
 from specmm.core.target import FEATURES, ModelRunner, PrefillOutput, TargetOutput
 from specmm.core.tree import DraftTree
 from specmm.image_ar.images import to_pil
@@ -112,12 +111,9 @@ class JanusTarget:
             keep = (prompt_ids == self.bos) | (prompt_ids == self.boi)
             rows = torch.cat([prompt_ids, prompt_ids.masked_fill(~keep, self.pad)])
             mask = cache_rows(mask, True)
-        static = self.static_plan
-        if compiles(static):  # slots for the text prompt, the image and one round (the engine saw an empty prompt)
-            needed = rows.shape[1] + self.tokens_per_image + max(static.reserve, max_nodes + 1)
-            static = dataclasses.replace(static, max_len=static_cache_length(needed))
-        self.runner = ModelRunner(self.lm, rows.shape[0], static=static if compiles(static) else None,
-                                  role="janus")
+        reserve = max(self.static_plan.reserve if self.static_plan else 0, max_nodes + 1)  # one round's nodes
+        static = sized_plan(self.static_plan, rows.shape[1] + self.tokens_per_image + reserve)  # prompt, image, round
+        self.runner = ModelRunner(self.lm, rows.shape[0], static=static, role="janus")
         embeds = self.janus.get_input_embeddings()(rows)
         hidden = self.runner.extend(mask.bool(), inputs_embeds=embeds).last_hidden_state[:, -1:]  # [R, 1, d]
         logits = combine(self.janus.model.generation_head(hidden), None, self.cfg_tensor, self.guided, -1)

@@ -213,15 +213,22 @@ def test_rows_that_stop_early_stay_in_a_compiled_batch_without_overflowing_its_c
         assert max(rounds) > 40 and max(rounds) - min(rounds) > 5  # stopped rows sat through many rounds
 
 
-def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(capture_only, monkeypatch):
-    """A break in every layer's MLP compiles each layer's rest as a frame shared by all layers; their guards
-    (layer_idx, ...) must survive the fast path's guard filter, or layer 0's graph would run for layer 1."""
-    target, draft = tiny_model("llama"), tiny_model("llama", seed=5, num_hidden_layers=1)
+def breaking_llama(monkeypatch):
+    """A tiny Llama whose every layer's MLP graph-breaks: dynamo compiles each layer's rest as a frame all layers
+    share."""
+    target = tiny_model("llama")
     for layer in target.model.layers:
         def mlp_with_a_break(*args, _forward=layer.mlp.forward, **kwargs):
             torch._dynamo.graph_break()
             return _forward(*args, **kwargs)
         monkeypatch.setattr(layer.mlp, "forward", mlp_with_a_break)
+    return target
+
+
+def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(capture_only, monkeypatch):
+    """A break in every layer's MLP compiles each layer's rest as a frame shared by all layers; their guards
+    (layer_idx, ...) must survive the fast path's guard filter, or layer 0's graph would run for layer 1."""
+    target, draft = breaking_llama(monkeypatch), tiny_model("llama", seed=5, num_hidden_layers=1)
     ids, mask = left_padded_batch([4, 7], seed=1)
     chain = specmm.TreeSpec.chain(3)
     eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
@@ -238,12 +245,7 @@ def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_ung
     graphs instead, with one warning naming the break; the drafter's stays graphed; the eager tokens."""
     from tests.graph_pool import graphed_on_cpu
 
-    target, draft = tiny_model("llama"), tiny_model("llama", seed=5, num_hidden_layers=1)
-    for layer in target.model.layers:
-        def mlp_with_a_break(*args, _forward=layer.mlp.forward, **kwargs):
-            torch._dynamo.graph_break()
-            return _forward(*args, **kwargs)
-        monkeypatch.setattr(layer.mlp, "forward", mlp_with_a_break)
+    target, draft = breaking_llama(monkeypatch), tiny_model("llama", seed=5, num_hidden_layers=1)
     ids, mask = left_padded_batch([4, 7], seed=1)
     chain = specmm.TreeSpec.chain(3)
     eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
