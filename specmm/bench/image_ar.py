@@ -163,6 +163,8 @@ def bench_image_ar(args) -> int:
         from specmm.bench.image_stock import bench_stock_images
 
         return bench_stock_images(args)
+    if args.latent_size is not None:
+        raise ValueError("--latent-size: for a stock generator folder (--model); the zoo imagegen has one size")
     from specmm import zoo
     from specmm.image_ar.compiled import compile_failures
     from specmm.image_ar.images import image_grid
@@ -305,10 +307,14 @@ def _key(method: str, compiled: bool, batch_size: int) -> str:
 
 
 def add_parser(bsub) -> None:
+    from specmm.cli.common import latent_size_arg
+
     p = bsub.add_parser("image_ar", help="AR vs exact SD / SJD / LANTERN / LANTERN++ / GSD on zoo imagegen, or a "
                                           "stock generator folder (--model DIR, e.g. Janus-Pro) against its generate")
     p.add_argument("--scale", default="cpu")
     p.add_argument("--model", help="stock image generator folder (model + processor): bench against its own generate")
+    p.add_argument("--latent-size", type=latent_size_arg,
+                   help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--prompts", help="with --model: text file, one prompt per line (default: four built-in prompts)")
     p.add_argument("--repeats", type=int, default=1, help="with --model: timed runs per method (median)")
     p.add_argument("--dtype", default="float32", help="weights dtype: the stock model's (--model), else the zoo GPT's "

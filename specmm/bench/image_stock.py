@@ -1,10 +1,11 @@
-"""`specmm bench image_ar --model DIR`: a stock image generator folder (Janus-Pro) against its own `generate`.
+"""`specmm bench image_ar --model DIR`: a stock image generator folder (Janus-Pro, Emu3) against its own `generate`.
 
 One process, the same prompts, greedy decoding (T=0) so every row's tokens can be compared with HF's: HF's image
-`generate` is the reference row; specmm's AR, exact SD and SJD (Jacobi windows) and GSD run through
-`ImageSampler.for_model`. Columns: step compression (image tokens per target forward) and latency against HF's own
-loop at the same shapes (`overhead efficiency` = speedup over HF / step compression: specmm's per-step cost relative
-to HF's, 1.0 meaning none).
+`generate` is the reference row (with `--compile` also HF's static cache with the decode step compiled: the
+fastest plain decoding a user of the stock model gets); specmm's AR, exact SD and SJD (Jacobi windows) and GSD run
+through `ImageSampler.for_model`. Columns: step compression (image tokens per target forward) and latency against
+HF's own loop at the same shapes (`overhead efficiency` = speedup over HF / step compression: specmm's per-step
+cost relative to HF's, 1.0 meaning none).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from pathlib import Path
 
 import torch
 
+from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
 from specmm.machine import machine_info
 
 STOCK_METHODS = ("ar", "exact", "sjd", "gsd")  # lantern(++) need a trained drafter
 DEFAULT_PROMPTS = ["a red cat on the mat", "a blue dog under the big tree", "green sky", "a small tree"]
+HF_COMPILED = ("HF's image generate with its decode step compiled over a static cache (Emu3: generate's static "
+               "cache and auto-compile, prefill eager; Janus: its own static cache, the language model compiled)")
 RANDOM_WEIGHTS = ("Acceptance depends on the weights: on a tiny random model (as in the tests) step compression is "
                   "meaningless; only the latency columns (specmm's per-step overhead against HF's loop) mean "
                   "something there. Run a real checkpoint for acceptance figures.")
@@ -37,7 +41,7 @@ def bench_stock_images(args) -> int:
         raise ValueError(f"--methods: with --model, comma-separated from {', '.join(STOCK_METHODS)}; got {args.methods!r}")
     device = torch.device(args.device)
     model, processor = load_pretrained(args.model, args.dtype, device)
-    image = image_model_for(model, processor)
+    image = image_model_for(model, processor, latent_size=args.latent_size)
     prompts = DEFAULT_PROMPTS
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -46,22 +50,22 @@ def bench_stock_images(args) -> int:
     knobs = {"window": args.window, "gsd_window": args.gsd_window, "gsd_p_gap": args.gsd_gap,
              "gsd_quantile": args.gsd_quantile}
     rows = []
-    for batch_size in args.batch_sizes:
-        batch = [prompts[i % len(prompts)] for i in range(batch_size)]
-        inputs = processor(text=batch, generation_mode="image", padding=True, return_tensors="pt").to(device)
-
-        def hf_generate(inputs=inputs) -> RunResult:
-            tokens = model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=args.cfg_scale)
-            return RunResult(rows=tokens.tolist(), mean_accepted=1.0)
-
-        bench = [Method(f"hf generate (bs {batch_size})", hf_generate, baseline=True)]
-        for method in methods:
-            for compiled in (False, True) if args.compile else (False,):
-                sampler: ImageSampler = make_sampler(image, method, compile=compiled, **knobs)
-                name = f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
-                bench.append(Method(name, _runner(sampler, batch, args.cfg_scale), compiled=compiled))
-        timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
-        rows += timed
+    with hf_compile_scope(model):
+        for batch_size in args.batch_sizes:
+            batch = [prompts[i % len(prompts)] for i in range(batch_size)]
+            hf_eager = _hf_runner(model, image, batch, args.cfg_scale)
+            bench = [Method(f"hf generate (bs {batch_size})", hf_eager, baseline=True)]
+            if args.compile:
+                bench.append(Method(f"hf generate, static cache + torch.compile (bs {batch_size})",
+                                    _hf_runner(model, image, batch, args.cfg_scale, compiled=True), baseline=True,
+                                    compiled=True, note=HF_COMPILED))
+            for method in methods:
+                for compiled in (False, True) if args.compile else (False,):
+                    sampler: ImageSampler = make_sampler(image, method, compile=compiled, **knobs)
+                    name = f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
+                    bench.append(Method(name, _runner(sampler, batch, args.cfg_scale), compiled=compiled))
+            timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
+            rows += timed
     text = model.config.get_text_config()
     setup = {"model": f"{type(model).__name__} from {args.model}: {sum(p.numel() for p in model.parameters())} params, "
              f"{text.num_hidden_layers} layers, {image.tokens_per_image} tokens per image, "
@@ -75,7 +79,8 @@ def bench_stock_images(args) -> int:
              f"SJD and GSD use Jacobi windows of {args.window}."]
     if args.compile:
         notes.append("compiled rows: `ImageSampler(compile=True)`, the model's forwards compiled over a static cache "
-                     "(CUDA graphs on CUDA); they compile in the warm-up run, never inside a timed one.")
+                     "(CUDA graphs on CUDA); they compile in the warm-up run, never inside a timed one. "
+                     f"HF compiled row: {HF_COMPILED}.")
     report = BenchReport(name=f"image_ar on {type(model).__name__} ({device.type})",
                          command="specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]), rows=rows, setup=setup,
                          notes=notes, machine=machine_info(device), created=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -84,6 +89,30 @@ def bench_stock_images(args) -> int:
     json_path, md_path = report.write(args.out, args.name or f"image_ar-{type(model).__name__}-{device.type}")
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def _hf_runner(model, image, prompts: list[str], cfg_scale: float, compiled: bool = False):
+    """HF's own greedy image `generate` (the adapter's `hf_generate`), eager or compiled: Emu3 through
+    `generate`'s static cache and auto-compile; Janus's image loop calls its language model directly (a static
+    cache of its own, no auto-compile), so that module is called through `torch.compile` for the run."""
+    janus = type(model).__name__ == "JanusForConditionalGeneration"
+    options = hf_static_compile_kwargs(model) if compiled else {}
+    compiled_lm = (torch.compile(model.model.language_model._call_impl, **options["compile_config"].to_dict())
+                   if compiled and janus else None)
+
+    def run() -> RunResult:
+        if not janus:
+            tokens = image.hf_generate(prompts, cfg_scale, do_sample=False, **options)
+            return RunResult(rows=tokens.tolist(), mean_accepted=1.0, compiled=compiled and hf_compiled(model))
+        lm = model.model.language_model
+        lm._compiled_call_impl = compiled_lm  # nn.Module.compile's hook: calls go through it while set
+        try:
+            tokens = image.hf_generate(prompts, cfg_scale, do_sample=False)
+        finally:
+            lm._compiled_call_impl = None
+        return RunResult(rows=tokens.tolist(), mean_accepted=1.0, compiled=compiled)
+
+    return run
 
 
 def _runner(sampler, prompts: list[str], cfg_scale: float):

@@ -80,6 +80,14 @@ temperature_arg = float_range(0.0)  # 0 is greedy
 probability = float_range(0.0, 1.0, low_open=True)  # top-p
 
 
+def latent_size_arg(text: str) -> tuple[int, int]:
+    """`--latent-size HxW`: an image of H rows of W latent tokens (e.g. 32x32), as (height, width)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected HxW in latent tokens, e.g. 32x32, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def device_arg(text: str) -> str:
     """`--device`: cpu, cuda, cuda:N or mps, refused here (not as a traceback later) when this machine lacks it."""
     try:

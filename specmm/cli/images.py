@@ -23,6 +23,7 @@ from specmm.cli.common import (
     float_range,
     input_file,
     int_range,
+    latent_size_arg,
     loading,
     model_folder,
     nonnegative_int,
@@ -155,6 +156,8 @@ def check_source(args) -> bool:
                          "a stock generator such as Janus-Pro)")
     if args.prompts is not None:
         raise ValueError("--prompts: text prompts go with --model DIR; LlamaGen checkpoints take --classes")
+    if args.latent_size is not None:
+        raise ValueError("--latent-size: for a stock generator folder (--model); LlamaGen's size is --image-size")
     return False
 
 
@@ -187,8 +190,11 @@ def load_stock(args, device):
         raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     with loading("--model", folder):
         model, processor = load_pretrained(folder, args.dtype, device)
-    image_model = image_model_for(model, processor)  # ValueError naming the class when it is no image generator
+    # ValueError naming the class when it is no image generator, or one of a fixed size given --latent-size
+    image_model = image_model_for(model, processor, latent_size=args.latent_size)
     settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts], "dtype": str(args.dtype)}
+    if args.latent_size is not None:  # a job's images keep one size: resuming with another refuses
+        settings["latent_size"] = list(args.latent_size)
     return image_model, list(range(len(prompts))), lambda labels: [prompts[i] for i in labels], settings
 
 
@@ -271,6 +277,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="stock image generator folder (save_pretrained: model + processor), e.g. Janus-Pro")
     p.add_argument("--prompts", help="with --model: text file, one prompt per line (images named promptNNNN_MMM.png)")
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="with --model: weights dtype")
+    p.add_argument("--latent-size", type=latent_size_arg,
+                   help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--gpt-ckpt", help="upstream LlamaGen GPT .pt ({'model': state_dict})")
     p.add_argument("--vq-ckpt", help="upstream LlamaGen VQ .pt")
     p.add_argument("--gpt-config", help="preset (GPT-B, GPT-L, ...) or JSON file")

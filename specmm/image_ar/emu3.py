@@ -93,6 +93,25 @@ class Emu3ImageModel:
         return prompt, dict(prompt_ids=ids, prompt_mask=mask, negative_prompt_ids=negative,
                             negative_prompt_attention_mask=negative_mask, guidance_scale=cfg_scale, max_nodes=max_nodes)
 
+    @torch.no_grad()
+    def hf_generate(self, prompts, cfg_scale: float, **generate_kwargs) -> Tensor:
+        """The stock `generate` call this adapter reproduces, as the HF docs make it (the prompts' image size, the
+        docs' `prefix_allowed_tokens_fn`, guidance against the negative prompt) -> its codes [B, H*W]
+        (`generate_kwargs`: e.g. `do_sample=False`, a static cache)."""
+        check_cfg_scale(cfg_scale)
+        ids, mask = self._tokens(prompts, None, image_prompt=True)
+        negative = {}
+        if self.negative_prompt is not None and cfg_scale != 1:
+            neg_ids, neg_mask = self._tokens(self.negative_prompt, None, image_prompt=False)
+            negative = dict(negative_prompt_ids=neg_ids.expand(ids.shape[0], -1),
+                            negative_prompt_attention_mask=neg_mask.expand(ids.shape[0], -1))
+        device, target = self.target.device, self.target
+        negative = {name: value.to(device) for name, value in negative.items()}
+        out = self.emu3.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=(target.width + 1) * target.height + 3, guidance_scale=cfg_scale,
+                                 prefix_allowed_tokens_fn=target.allowed_tokens(), **negative, **generate_kwargs)
+        return target.codes(out[:, ids.shape[1]:])
+
     def _tokens(self, texts, mask: Tensor | None, image_prompt: bool) -> tuple[Tensor, Tensor]:
         if isinstance(texts, str):
             texts = [texts]
@@ -136,4 +155,9 @@ def generate_size(ratio: str, image_area: int, downsample: int) -> tuple[int, in
     return int(round(height * scale / downsample)), int(round(width * scale / downsample))
 
 
-register_image_model("Emu3ForConditionalGeneration", lambda model, processor: Emu3ImageModel(model, processor))
+def _build(model: nn.Module, processor=None, latent_size: tuple[int, int] | None = None) -> Emu3ImageModel:
+    height, width = latent_size or (None, None)
+    return Emu3ImageModel(model, processor, height=height, width=width)
+
+
+register_image_model("Emu3ForConditionalGeneration", _build, sized=True)

@@ -148,6 +148,31 @@ class Emu3Target:
         tail = [self.vocab.forced[forced_token(end + i, self.height, self.width)] for i in (1, 2, 3)]
         return torch.cat([torch.cat([rows, eol], -1).flatten(1), rows.new_tensor(tail).expand(rows.shape[0], 3)], 1)
 
+    def codes(self, sequences: Tensor) -> Tensor:
+        """The inverse of `sequences`: the model ids `generate` returns after the prompt [B, >= (W + 1) * H] ->
+        codes [B, H*W]; ValueError where a latent row holds an id that is no visual token."""
+        rows = sequences[:, : (self.width + 1) * self.height].reshape(-1, self.height, self.width + 1)
+        code_of = torch.full((max(int(sequences.max()), int(self.visual.max())) + 1,), -1, dtype=torch.long,
+                             device=sequences.device)
+        code_of[self.visual.to(sequences.device)] = torch.arange(self.vocab_size, device=sequences.device)
+        codes = code_of[rows[..., : self.width]].flatten(1)
+        if bool((codes < 0).any()):
+            raise ValueError("sequences: a latent row holds a token that is no visual code")
+        return codes
+
+    def allowed_tokens(self):
+        """The HF docs' `prefix_allowed_tokens_fn` for this image size (`generate(prefix_allowed_tokens_fn=...)`):
+        at each offset after the prompt's <|image token|>, the token `forced_token` names, else every visual code."""
+        visual, forced, wrapper = self.vocab.visual.tolist(), self.vocab.forced, self.vocab.wrapper
+        height, width = self.height, self.width
+
+        def allowed(batch_id: int, input_ids: Tensor) -> list[int]:
+            start = int(torch.nonzero(input_ids == wrapper)[0, 0])
+            name = forced_token(input_ids.shape[0] - start, height, width)
+            return visual if name is None else [forced[name]]
+
+        return allowed
+
     # ------------------------------------------------------------------ setup
     def start(self, batch: int, needs: frozenset[str] = frozenset()) -> None:
         unknown = set(needs) - self.provides

@@ -234,6 +234,14 @@ class JanusImageModel:
         return prompt, dict(prompt_ids=ids.to(device), prompt_mask=mask.to(device), cfg_scale=cfg_scale,
                             max_nodes=max_nodes)
 
+    @torch.no_grad()
+    def hf_generate(self, prompts, cfg_scale: float, **generate_kwargs) -> Tensor:
+        """The stock `generate(generation_mode="image")` call this adapter reproduces -> its tokens [B, N]
+        (`generate_kwargs`: e.g. `do_sample=False`)."""
+        _, inputs = self.conditioning(prompts, cfg_scale, max_nodes=1)
+        return self.janus.generate(input_ids=inputs["prompt_ids"], attention_mask=inputs["prompt_mask"],
+                                   generation_mode="image", guidance_scale=cfg_scale, **generate_kwargs)
+
     def codebook(self) -> Tensor:
         """The VQ codebook as the decoder reads it (L2-normalised entries)."""
         return F.normalize(self.janus.model.vqmodel.quantize.embedding.weight.detach(), dim=-1)

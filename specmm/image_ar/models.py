@@ -52,14 +52,18 @@ class ImageModel(Protocol):
         ...
 
 
-Builder = Callable[[nn.Module, Any], ImageModel]
+Builder = Callable[..., ImageModel]
 _BUILDERS: dict[str, Builder] = {}
+_SIZED: set[str] = set()  # classes whose builder takes `latent_size=(height, width)`
 
 
-def register_image_model(class_name: str, build: Builder) -> None:
+def register_image_model(class_name: str, build: Builder, sized: bool = False) -> None:
     """Serve stock models of class `class_name` with `build(model, processor)` (processor may be None when only
-    the drafter's view `lm` is wanted)."""
+    the drafter's view `lm` is wanted); `sized`: the model generates images of any size, and `build` takes
+    `latent_size=(height, width)` in latent tokens."""
     _BUILDERS[class_name] = build
+    if sized:
+        _SIZED.add(class_name)
 
 
 def supported_models() -> list[str]:
@@ -67,20 +71,26 @@ def supported_models() -> list[str]:
     return ["LlamaGen", *sorted(_BUILDERS)]
 
 
-def image_model_for(model: Any, processor: Any = None) -> ImageModel:
-    """The adapter for `model`: an `ImageModel` as is, a LlamaGen, or a registered stock class."""
+def image_model_for(model: Any, processor: Any = None, latent_size: tuple[int, int] | None = None) -> ImageModel:
+    """The adapter for `model`: an `ImageModel` as is, a LlamaGen, or a registered stock class; `latent_size`
+    (height, width) in latent tokens for a model that generates any size (Emu3; default: its processor's)."""
     from specmm.image_ar.llamagen.adapter import LlamaGenImageModel
     from specmm.image_ar.llamagen.model import LlamaGen
 
+    _load_builtin()
+    name = type(model).__name__
+    if latent_size is not None and name not in _SIZED:
+        raise ValueError(f"latent_size: {name} generates images of one size; models that take a size: "
+                         f"{', '.join(sorted(_SIZED))}")
     if isinstance(model, LlamaGen):
         return LlamaGenImageModel(model)
     if isinstance(model, ImageModel) and not isinstance(model, nn.Module):
         return model
-    _load_builtin()
-    name = type(model).__name__
     if name not in _BUILDERS:
         raise ValueError(f"model: {name} is not an image generator specmm can serve; supported: "
                          f"{', '.join(supported_models())}")
+    if latent_size is not None:
+        return _BUILDERS[name](model, processor, latent_size=latent_size)
     return _BUILDERS[name](model, processor)
 
 

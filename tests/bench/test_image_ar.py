@@ -127,8 +127,42 @@ def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, c
     assert main(["bench", "image_ar", "--model", str(folder), "--batch-sizes", "2", "--window", "4", "--methods", "sjd",
                  "--cfg-scale", "3", "--compile", "--out", str(out), "--name", "jc"]) == 0
     rows = {r["method"]: r for r in json.loads((out / "jc.json").read_text())["rows"]}
-    assert [r["compiled"] for r in rows.values()] == [False, False, True]
+    assert [r["compiled"] for r in rows.values()] == [False, True, False, True]
+    hf_compiled = rows["hf generate, static cache + torch.compile (bs 2)"]  # its language model ran compiled
+    assert hf_compiled["baseline"] and hf_compiled["matched"] and hf_compiled["compile_s"] > 0
     assert rows["sjd, compiled (bs 2)"]["matched"] and rows["sjd, compiled (bs 2)"]["compile_s"] > 0
+
+
+def test_bench_image_ar_on_an_emu3_folder_at_a_latent_size(tmp_path, monkeypatch, capsys):
+    """An Emu3 folder: HF's row is `generate` with the docs' constraint function, eager and with HF's static cache
+    and auto-compile (compiled: HF kept its compiled call); specmm's lossless rows give its tokens."""
+    import torch
+
+    from tests.image_ar.stock import janus_processor, tiny_janus
+    from tests.image_ar.test_emu3 import tiny_emu3, tiny_processor
+
+    model = tiny_emu3(codes=6, seed=3, dtype=torch.float32)
+    folder, out = tmp_path / "emu3", tmp_path / "bench"
+    model.save_pretrained(folder)
+    tiny_processor(model).save_pretrained(folder)
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
+    assert main(["bench", "image_ar", "--model", str(folder), "--latent-size", "2x3", "--batch-sizes", "2",
+                 "--methods", "ar,sjd", "--window", "4", "--cfg-scale", "3", "--compile", "--out", str(out),
+                 "--name", "e"]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "e.json").read_text())["rows"]}
+    assert [(r["baseline"], r["compiled"]) for r in rows.values()] == [(True, False), (True, True)] + [
+        (False, False), (False, True)] * 2
+    assert all(r["matched"] and r["new_tokens"] == 2 * 6 for r in rows.values())
+    janus = tmp_path / "janus"
+    tiny_janus(dtype=torch.float32).save_pretrained(janus)
+    janus_processor().save_pretrained(janus)
+    assert main(["bench", "image_ar", "--model", str(janus), "--latent-size", "2x2", "--out", str(out)]) == 2
+    assert "latent_size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    assert main(["bench", "image_ar", "--latent-size", "2x2", "--out", str(out)]) == 2
+    assert "--latent-size: for a stock generator folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "image_ar", "--latent-size", "2", "--out", str(out)])
+    assert "expected HxW in latent tokens" in capsys.readouterr().err
 
 
 def test_bench_image_ar_draft_chain_gives_drafter_rows_a_chain(tmp_path, monkeypatch):

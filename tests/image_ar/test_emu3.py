@@ -256,6 +256,22 @@ def test_for_model_with_processor_equals_generate_from_processor_inputs(greedy_s
     assert [image.size for image in out.images] == [(2 * WIDTH, 2 * HEIGHT)] * 2
 
 
+def test_hf_generate_is_the_docs_call_and_codes_invert_sequences(greedy_setup):
+    """The adapter's `hf_generate` (what benchmarks time as HF's row) returns HF's tokens as codes; its constraint
+    function allows what the docs' does after every prefix; `codes` inverts `sequences`."""
+    image_model, prompt, mask, reference = greedy_setup
+    target = image_model.target
+    codes = image_model.hf_generate({"input_ids": prompt, "attention_mask": mask}, SCALE, do_sample=False)
+    assert codes.shape == (2, HEIGHT * WIDTH) and torch.equal(target.sequences(codes), reference)
+    assert torch.equal(target.codes(reference), codes)
+    docs, ours = allowed_fn(image_model.emu3), target.allowed_tokens()
+    for row in torch.cat([prompt, reference, torch.zeros_like(reference[:, :2])], 1):  # past EOS: padding
+        for end in range(prompt.shape[1], row.shape[0] + 1):
+            assert sorted(ours(0, row[:end])) == sorted(docs(0, row[:end]))
+    with pytest.raises(ValueError, match="no visual code"):
+        target.codes(torch.zeros_like(reference))
+
+
 def test_bad_emu3_inputs_raise_before_work(greedy_setup):
     image_model, prompt, mask, _ = greedy_setup
     sampler = ImageSampler(image_model, proposer="jacobi", window=4)
@@ -273,10 +289,10 @@ def test_bad_emu3_inputs_raise_before_work(greedy_setup):
         Emu3ImageModel(torch.nn.Linear(2, 2), height=HEIGHT, width=WIDTH)
 
 
-def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path, monkeypatch):
-    """`specmm sample-images --model DIR` on a saved tiny Emu3 and its processor writes the greedy images of
-    `ImageSampler.for_model`. A saved Emu3Processor keeps no generation size (its ratio and image area are class
-    defaults, 90x90 latents), so the test sets the class defaults to 2x3."""
+def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path):
+    """`specmm sample-images --model DIR --latent-size 2x3` on a saved tiny Emu3 and its processor writes the greedy
+    images of `ImageSampler.for_model`. A saved Emu3Processor keeps no generation size (its ratio and image area
+    are class defaults, 90x90 latents): the size comes from the flag."""
     import numpy as np
     from PIL import Image
 
@@ -289,10 +305,9 @@ def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path, monkeypatch):
     model.to(torch.float64)
     processor.save_pretrained(folder)
     prompts.write_text("abc\ndefgh\n")
-    monkeypatch.setattr(Emu3Processor, "ratio", processor.ratio)
-    monkeypatch.setattr(Emu3Processor, "image_area", processor.image_area)
     assert main(["sample-images", "--model", str(folder), "--prompts", str(prompts), "--method", "sjd",
-                 "--per-class", "1", "--cfg-scale", str(SCALE), "--temperature", "0", "--out", str(out)]) == 0
+                 "--latent-size", f"{HEIGHT}x{WIDTH}", "--per-class", "1", "--cfg-scale", str(SCALE),
+                 "--temperature", "0", "--out", str(out)]) == 0
     assert (out / "grid.png").is_file()
     expected = ImageSampler.for_model(model.to(torch.float32), processor, window=4).sample(
         ["abc", "defgh"], cfg_scale=SCALE, temperature=0.0).images

@@ -27,3 +27,8 @@ def test_llamagen_adapter_serves_the_sampler(lg):
     assert "LlamaGen" in supported_models() and "JanusForConditionalGeneration" in supported_models()
     with pytest.raises(ValueError, match="negative_prompt: not a sampling option of LlamaGen"):
         sampler.sample(torch.tensor([1]), negative_prompt="blurry")
+
+
+def test_a_latent_size_is_refused_for_a_generator_of_one_size(lg):
+    with pytest.raises(ValueError, match="latent_size: LlamaGen generates images of one size.*Emu3ForConditional"):
+        image_model_for(lg, latent_size=(2, 3))
