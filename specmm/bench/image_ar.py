@@ -307,13 +307,11 @@ def _key(method: str, compiled: bool, batch_size: int) -> str:
 
 
 def add_parser(bsub) -> None:
-    from specmm.cli.common import latent_size_arg
-
     p = bsub.add_parser("image_ar", help="AR vs exact SD / SJD / LANTERN / LANTERN++ / GSD on zoo imagegen, or a "
                                           "stock generator folder (--model DIR, e.g. Janus-Pro) against its generate")
     p.add_argument("--scale", default="cpu")
     p.add_argument("--model", help="stock image generator folder (model + processor): bench against its own generate")
-    p.add_argument("--latent-size", type=latent_size_arg,
+    p.add_argument("--latent-size",  # HxW: the CLI sets its type
                    help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--prompts", help="with --model: text file, one prompt per line (default: four built-in prompts)")
     p.add_argument("--repeats", type=int, default=1, help="with --model: timed runs per method (median)")

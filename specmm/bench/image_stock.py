@@ -42,6 +42,9 @@ def bench_stock_images(args) -> int:
     device = torch.device(args.device)
     model, processor = load_pretrained(args.model, args.dtype, device)
     image = image_model_for(model, processor, latent_size=args.latent_size)
+    if not callable(getattr(image, "hf_generate", None)):
+        raise ValueError(f"--model: the {type(image).__name__} adapter has no hf_generate (the HF generate call it "
+                         "reproduces), so there is no reference row to bench against")
     prompts = DEFAULT_PROMPTS
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -15,6 +15,7 @@ from specmm.cli.common import (
     fill_draft_defaults,
     float_range,
     int_range,
+    latent_size_arg,
     loading,
     model_folder,
     nonnegative_int,
@@ -295,7 +296,7 @@ def add_parser(sub):
         "window": int_range(2), "delta": float_range(0.0, 1.0), "lam": float_range(1.0), "lantern_k": positive_int,
         "lantern_pp_k": positive_int, "draft_chain": positive_int, "gsd_window": positive_int,
         "gsd_gap": float_range(0.0, 1.0), "gsd_quantile": float_range(0.0, 1.0), "seed": nonnegative_int,
-        "device": device_arg, "repeats": positive_int, "dtype": dtype_arg})
+        "latent_size": latent_size_arg, "device": device_arg, "repeats": positive_int, "dtype": dtype_arg})
     cs = bsub.add_parser("cspd", help="continuous-token AR: target alone vs CSpD (zoo cspd), FID/KID vs noise floor")
     cs.add_argument("--scale", default="cpu")
     cs.add_argument("--images", type=positive_int, default=200)

@@ -27,6 +27,8 @@ class ImageModel(Protocol):
     `guided`, `max_nodes`, `cfg_tensor` (the drafter reads them), `grid_size`, `tokens_per_image` and `owner` (the
     module the image parts hang on). `lm` is what an `ImageDrafter` reads: `config` (its head's `GPTConfig`),
     `tok_embeddings(ids)` (the embeddings the target feeds back for image tokens) and `logits(features)`.
+    Adapters of stock models also give `hf_generate(prompts, cfg_scale, **generate_kwargs) -> tokens [B, N]`: the
+    HF `generate` call they reproduce (`specmm bench image_ar --model` times it as the baseline).
     """
 
     target: Any

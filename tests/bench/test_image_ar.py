@@ -163,6 +163,9 @@ def test_bench_image_ar_on_an_emu3_folder_at_a_latent_size(tmp_path, monkeypatch
     with pytest.raises(SystemExit):
         main(["bench", "image_ar", "--latent-size", "2", "--out", str(out)])
     assert "expected HxW in latent tokens" in capsys.readouterr().err
+    monkeypatch.setattr("specmm.image_ar.models.image_model_for", lambda *a, **kw: object())  # an adapter without
+    assert main(["bench", "image_ar", "--model", str(folder), "--out", str(out)]) == 2  # HF's call is refused
+    assert "adapter has no hf_generate" in capsys.readouterr().err
 
 
 def test_bench_image_ar_draft_chain_gives_drafter_rows_a_chain(tmp_path, monkeypatch):
