@@ -1,8 +1,8 @@
 """The `specmm` command: `demo`, `zoo list|build|path`, `bench core|vlm|ssm|image_ar|cspd|dlm|reasoning|suite`, `caption`,
-`train-drafter`, `distill-draft`, `sample-images`, `sample-continuous`, `reason`.
+`train-drafter`, `distill-draft`, `sample-images`, `train-image-drafter`, `sample-continuous`, `reason`.
 
 The CLI sits on top of the library: one submodule per command group (`zoo`, `bench`, `vlm`, `images`,
-`continuous`, `reason`) registers its subcommands, and modality packages never import it.
+`image_drafter`, `continuous`, `reason`) registers its subcommands, and modality packages never import it.
 
 One error path: an expected failure (bad input, a file that cannot be read or loaded, an output another job
 holds, NaN in a model) prints `specmm: error: <what, which argument or file, what to do>` and exits with 2;
@@ -19,7 +19,7 @@ import sys
 import traceback
 
 import specmm
-from specmm.cli import bench, continuous, demo, distill, images, reason, suite, vlm, zoo
+from specmm.cli import bench, continuous, demo, distill, image_drafter, images, reason, suite, vlm, zoo
 
 
 def _add_verbose_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     vlm.add_parsers(sub)  # train-drafter, caption
     distill.add_parser(sub)  # distill-draft
     images.add_parser(sub)  # sample-images
+    image_drafter.add_parser(sub)  # train-image-drafter
     continuous.add_parser(sub)  # sample-continuous
     reason.add_parsers(sub, bench_sub)  # `reason`, `bench reasoning`
     suite.add_parser(bench_sub)  # `bench suite`

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
@@ -31,6 +31,7 @@ from specmm.image_ar.llamagen.gpt import (
 )
 from specmm.image_ar.compiled import kept_cache, part, run
 from specmm.image_ar.target import GuidedTarget, cache_rows, combine, pack
+from specmm.jobs.atomic import atomic_write_bytes, atomic_write_text
 
 
 class DraftHead(nn.Module):
@@ -82,10 +83,13 @@ class ImageDrafter(CountsForwards):
         return cls(DraftHead(head_config(gpt.config, **overrides)).to(ref.device, ref.dtype), gpt)
 
     def save_pretrained(self, path: str | Path) -> None:
+        """config.json and model.safetensors into `path`, each written atomically (a killed save leaves the old
+        file or the new one, never half of one)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.head.config.to_dict(), indent=2))
-        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, path / "model.safetensors")
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}
+        atomic_write_bytes(path / "model.safetensors", save(weights))
+        atomic_write_text(path / "config.json", json.dumps(self.head.config.to_dict(), indent=2))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, gpt: LlamaGenGPT) -> ImageDrafter:

@@ -20,7 +20,8 @@ through the GPT's teacher-forced forward, as it always has.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from specmm.image_ar.drafter import ImageDrafter
 from specmm.image_ar.llamagen.gpt import LlamaGenGPT
 from specmm.image_ar.models import ImageModel, image_model_for, teacher_forced_features
+from specmm.jobs.atomic import atomic_writer
 
 
 @dataclass
@@ -182,9 +184,10 @@ def check_training_set(model: ImageModel, codes: Tensor, labels, caption_mask: T
 @torch.no_grad()
 def sample_training_tokens(model: Any, prompts, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: int = 0,
                            top_p: float = 1.0, batch_size: int = 8, seed: int = 0,
-                           caption_mask: Tensor | None = None) -> Tensor:
+                           caption_mask: Tensor | None = None, first_row: int = 0) -> Tensor:
     """The model's own images for drafter training: image tokens [M, N], one per prompt, by plain decoding
-    (`ImageSampler(proposer="ar")`), row m drawn with its own generator (seed, m): batching changes nothing."""
+    (`ImageSampler(proposer="ar")`), row m drawn with its own generator (seed, first_row + m): batching, and
+    sampling a set in slices (`first_row` = the slice's start), change nothing."""
     from specmm.image_ar.sampler import ImageSampler
 
     model = image_model_for(model)
@@ -197,7 +200,7 @@ def sample_training_tokens(model: Any, prompts, cfg_scale: float = 1.0, temperat
     chunks = []
     for start in range(0, rows, batch_size):
         index = torch.arange(start, min(rows, start + batch_size))
-        gens = [torch.Generator(device).manual_seed(seed * 1000003 + int(m)) for m in index]
+        gens = [torch.Generator(device).manual_seed(seed * 1000003 + first_row + int(m)) for m in index]
         out = sampler.sample(take_rows(prompts, index), cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                              top_p=top_p, generator=gens, caption_mask=take_rows(caption_mask, index), decode=False)
         chunks.append(out.tokens.cpu())
@@ -207,21 +210,74 @@ def sample_training_tokens(model: Any, prompts, cfg_scale: float = 1.0, temperat
 def train_image_drafter(model: Any, prompts, processor: Any = None, *, cfg_scale: float = 1.0,
                         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, images_per_prompt: int = 1,
                         config: DrafterTrainConfig | None = None, seed: int = 0, caption_mask: Tensor | None = None,
-                        drafter: ImageDrafter | None = None, progress: bool = True) -> ImageDrafter:
+                        drafter: ImageDrafter | None = None, progress: bool = True,
+                        checkpoint_dir: str | Path | None = None, checkpoint_every: int = 200,
+                        sample_batch_size: int = 8) -> ImageDrafter:
     """An `ImageDrafter` for `model` (a stock generator with its processor, an `ImageModel`, or a LlamaGen) trained
     on `images_per_prompt` images it samples itself per prompt (at the given guidance and sampling settings), the
-    head seeded by `seed` (or `drafter` trained further)."""
+    head seeded by `seed` (or `drafter` trained further).
+
+    With `checkpoint_dir` the run is resumable: the sampled images are kept there a slice of `sample_batch_size`
+    at a time, and the head with its optimizer every `checkpoint_every` steps (each file written atomically); a
+    rerun with the same arguments picks up where the last stopped and ends with the same drafter."""
     if isinstance(images_per_prompt, bool) or not isinstance(images_per_prompt, int) or images_per_prompt < 1:
         raise ValueError(f"images_per_prompt: expected an integer >= 1, got {images_per_prompt!r}")
+    for name, value in (("checkpoint_every", checkpoint_every), ("sample_batch_size", sample_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    config = config or DrafterTrainConfig()
     image_model = image_model_for(model, processor)
     repeat = torch.arange(count_rows(prompts)).repeat_interleave(images_per_prompt)
     prompts, caption_mask = take_rows(prompts, repeat), take_rows(caption_mask, repeat)
-    codes = sample_training_tokens(image_model, prompts, cfg_scale, temperature, top_k, top_p, seed=seed,
-                                   caption_mask=caption_mask)
+    folder = None if checkpoint_dir is None else Path(checkpoint_dir)
+    sampling = dict(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    codes = _training_codes(image_model, prompts, caption_mask, sampling, sample_batch_size, folder, progress)
     if drafter is None:
         torch.manual_seed(seed)
         drafter = ImageDrafter.for_target(image_model.lm)
-    for _ in train_drafter(drafter, codes, prompts, config, seed, progress, model=image_model, cfg_scale=cfg_scale,
+    optimizer, start = None, 0
+    run = {"config": asdict(config), "seed": seed, "images": len(codes), **sampling}  # what a checkpoint must match
+    checkpoint = None if folder is None else folder / "drafter.pt"
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location=drafter.device, weights_only=True)
+        if state["run"] != run:
+            raise ValueError(f"checkpoint_dir: {checkpoint} is from a run with other settings ({state['run']}); "
+                             "resume it with its own, or use another folder")
+        drafter.head.load_state_dict(state["head"])
+        optimizer = torch.optim.AdamW(drafter.head.parameters(), lr=config.lr, betas=(0.9, 0.95))
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+
+    def save_checkpoint(step: int, optimizer) -> None:
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+            with atomic_writer(checkpoint) as f:
+                torch.save({"run": run, "step": step, "head": drafter.head.state_dict(),
+                            "optimizer": optimizer.state_dict()}, f)
+
+    for _ in train_drafter(drafter, codes, prompts, config, seed, progress, start_step=start, optimizer=optimizer,
+                           on_step=save_checkpoint, model=image_model, cfg_scale=cfg_scale,
                            caption_mask=caption_mask):
         pass
     return drafter
+
+
+def _training_codes(image_model: ImageModel, prompts, caption_mask: Tensor | None, sampling: dict,
+                    batch_size: int, folder: Path | None, progress: bool) -> Tensor:
+    """`sample_training_tokens` over every prompt row; with `folder`, one file per slice of `batch_size` rows
+    (codes-START.pt), sampled only where missing."""
+    rows = count_rows(prompts)
+    if folder is None:
+        return sample_training_tokens(image_model, prompts, batch_size=batch_size, caption_mask=caption_mask,
+                                      **sampling)
+    folder.mkdir(parents=True, exist_ok=True)
+    chunks = []
+    for start in tqdm(range(0, rows, batch_size), disable=not progress, desc="training images"):
+        path = folder / f"codes-{start:06d}.pt"
+        if not path.exists():
+            index = torch.arange(start, min(rows, start + batch_size))
+            tokens = sample_training_tokens(image_model, take_rows(prompts, index), batch_size=batch_size,
+                                            caption_mask=take_rows(caption_mask, index), first_row=start, **sampling)
+            with atomic_writer(path) as f:
+                torch.save(tokens, f)
+        chunks.append(torch.load(path, weights_only=True))
+    return torch.cat(chunks)

@@ -10,7 +10,8 @@ import pytest
 
 from specmm.cli import build_parser
 
-COMMANDS = {"demo", "zoo", "bench", "train-drafter", "distill-draft", "caption", "sample-images", "sample-continuous", "reason"}
+COMMANDS = {"demo", "zoo", "bench", "train-drafter", "distill-draft", "caption", "sample-images", "train-image-drafter",
+            "sample-continuous", "reason"}
 BENCHES = {"core", "vlm", "ssm", "image_ar", "cspd", "dlm", "reasoning", "suite"}
 
 
