@@ -10,15 +10,19 @@ cost relative to HF's, 1.0 meaning none).
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
-from specmm.bench.harness import BenchReport, Method, RunResult, run_benchmark
+from specmm.bench.harness import BenchReport, BenchRow, Method, RunResult, run_benchmark
+from specmm.jobs import Job, atomic_write_text, fingerprint
 from specmm.machine import machine_info
 
 STOCK_METHODS = ("ar", "exact", "sjd", "gsd")  # lantern(++) need a trained drafter
@@ -31,7 +35,8 @@ RANDOM_WEIGHTS = ("Acceptance depends on the weights: on a tiny random model (as
 
 
 def bench_stock_images(args) -> int:
-    from specmm.image_ar import ImageSampler
+    """Every method (and HF's rows) per batch size, interleaved; the report is written after each batch size, whose
+    rows are kept in `<name>.partial/` so `--resume` continues after the last finished one."""
     from specmm.image_ar.methods import make_sampler
     from specmm.image_ar.models import image_model_for, load_pretrained
 
@@ -39,22 +44,33 @@ def bench_stock_images(args) -> int:
     unknown = [m for m in methods if m not in STOCK_METHODS]
     if unknown:
         raise ValueError(f"--methods: with --model, comma-separated from {', '.join(STOCK_METHODS)}; got {args.methods!r}")
+    prompts = DEFAULT_PROMPTS
+    if args.prompts:
+        prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     device = torch.device(args.device)
     model, processor = load_pretrained(args.model, args.dtype, device)
     image = image_model_for(model, processor, latent_size=args.latent_size)
     if not callable(getattr(image, "hf_generate", None)):
         raise ValueError(f"--model: the {type(image).__name__} adapter has no hf_generate (the HF generate call it "
                          "reproduces), so there is no reference row to bench against")
-    prompts = DEFAULT_PROMPTS
-    if args.prompts:
-        prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     knobs = {"window": args.window, "gsd_window": args.gsd_window, "gsd_p_gap": args.gsd_gap,
              "gsd_quantile": args.gsd_quantile}
-    rows = []
-    with hf_compile_scope(model):
+    stem = args.name or f"image_ar-{type(model).__name__}-{device.type}"
+    partial = Path(args.out) / f"{stem}.partial"
+    settings = {"model": fingerprint(args.model), "prompts": prompts, "latent_size": args.latent_size,
+                "methods": methods, "batch_sizes": args.batch_sizes, "cfg_scale": args.cfg_scale,
+                "compile": bool(args.compile), "repeats": args.repeats, "dtype": str(args.dtype), **knobs}
+    done: dict[str, list[dict]] = {}  # batch size -> its rows
+    # the kept rows are a job: --resume continues only the same benchmark, a second run on it is refused
+    with Job(partial, "bench image_ar --model", settings, resume=args.resume, force=not args.resume, folder=True,
+             owned=("rows.json",), argument="--name"), hf_compile_scope(model):
+        if args.resume and (partial / "rows.json").is_file():
+            done = json.loads((partial / "rows.json").read_text(encoding="utf-8"))
         for batch_size in args.batch_sizes:
+            if str(batch_size) in done:  # finished before the run was interrupted
+                continue
             batch = [prompts[i % len(prompts)] for i in range(batch_size)]
             hf_eager = _hf_runner(model, image, batch, args.cfg_scale)
             bench = [Method(f"hf generate (bs {batch_size})", hf_eager, baseline=True)]
@@ -64,11 +80,25 @@ def bench_stock_images(args) -> int:
                                     compiled=True, note=HF_COMPILED))
             for method in methods:
                 for compiled in (False, True) if args.compile else (False,):
-                    sampler: ImageSampler = make_sampler(image, method, compile=compiled, **knobs)
+                    sampler = make_sampler(image, method, compile=compiled, **knobs)
                     name = f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
                     bench.append(Method(name, _runner(sampler, batch, args.cfg_scale), compiled=compiled))
             timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
-            rows += timed
+            done[str(batch_size)] = [asdict(row) for row in timed]
+            atomic_write_text(partial / "rows.json", json.dumps(done))
+            left = [bs for bs in args.batch_sizes if str(bs) not in done]
+            if left:
+                _report(args, model, image, prompts, knobs, device, done, stem,
+                        f"batch sizes {', '.join(map(str, left))} not run yet")
+    _report(args, model, image, prompts, knobs, device, done, stem, "")
+    shutil.rmtree(partial, ignore_errors=True)
+    return 0
+
+
+def _report(args, model, image, prompts: list[str], knobs: dict, device: torch.device, done: dict, stem: str,
+            partial: str) -> None:
+    """Write (and print) the report of the rows in `done`, in `--batch-sizes` order."""
+    rows = [BenchRow(**row) for bs in args.batch_sizes for row in done.get(str(bs), [])]
     text = model.config.get_text_config()
     setup = {"model": f"{type(model).__name__} from {args.model}: {sum(p.numel() for p in model.parameters())} params, "
              f"{text.num_hidden_layers} layers, {image.tokens_per_image} tokens per image, "
@@ -86,12 +116,13 @@ def bench_stock_images(args) -> int:
                      f"HF compiled row: {HF_COMPILED}.")
     report = BenchReport(name=f"image_ar on {type(model).__name__} ({device.type})",
                          command="specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:]), rows=rows, setup=setup,
-                         notes=notes, machine=machine_info(device), created=time.strftime("%Y-%m-%d %H:%M:%S"))
-    print(report.table())
-    print(RANDOM_WEIGHTS)
-    json_path, md_path = report.write(args.out, args.name or f"image_ar-{type(model).__name__}-{device.type}")
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+                         notes=notes, machine=machine_info(device), created=time.strftime("%Y-%m-%d %H:%M:%S"),
+                         partial=partial)
+    if not partial:
+        print(report.table())
+        print(RANDOM_WEIGHTS)
+    json_path, md_path = report.write(args.out, stem)
+    print(f"wrote {json_path} and {md_path}{' (partial: ' + partial + ')' if partial else ''}")
 
 
 def _hf_runner(model, image, prompts: list[str], cfg_scale: float, compiled: bool = False):

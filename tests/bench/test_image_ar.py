@@ -133,6 +133,42 @@ def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, c
     assert rows["sjd, compiled (bs 2)"]["matched"] and rows["sjd, compiled (bs 2)"]["compile_s"] > 0
 
 
+def test_bench_image_ar_on_a_janus_folder_reports_each_batch_size_and_resumes_after_the_last(tmp_path, monkeypatch):
+    """Killed in its second batch size, the run has written the first's report (marked partial); --resume times
+    only the second and writes the whole report; a run with other settings may not resume it."""
+    import specmm.bench.image_stock as stock
+    from tests.image_ar.stock import janus_processor, tiny_janus
+
+    folder, out = tmp_path / "janus", tmp_path / "bench"
+    tiny_janus(dtype=__import__("torch").float32).save_pretrained(folder)
+    janus_processor().save_pretrained(folder)
+    real, timed = stock.run_benchmark, []
+
+    def killed_in_the_second(methods, *a, **kw):
+        timed.append(methods[0].name)
+        if len(timed) == 2:
+            raise RuntimeError("killed")
+        return real(methods, *a, **kw)
+
+    monkeypatch.setattr(stock, "run_benchmark", killed_in_the_second)
+    args = ["bench", "image_ar", "--model", str(folder), "--batch-sizes", "1", "2", "--methods", "sjd", "--window",
+            "4", "--cfg-scale", "3", "--out", str(out), "--name", "r"]
+    with pytest.raises(RuntimeError, match="killed"):
+        main(args)
+    report = json.loads((out / "r.json").read_text())
+    assert report["partial"] == "batch sizes 2 not run yet"
+    assert [r["method"] for r in report["rows"]] == ["hf generate (bs 1)", "sjd (bs 1)"]
+    assert main([*args, "--resume", "--window", "5"]) == 2  # other settings: refused, nothing run
+    timed.clear()
+    monkeypatch.setattr(stock, "run_benchmark", lambda methods, *a, **kw: timed.append(methods[0].name) or real(
+        methods, *a, **kw))
+    assert main([*args, "--resume"]) == 0
+    assert timed == ["hf generate (bs 2)"]
+    report = json.loads((out / "r.json").read_text())
+    assert report["partial"] == "" and len(report["rows"]) == 4 and all(r["matched"] for r in report["rows"])
+    assert not (out / "r.partial").exists()
+
+
 def test_bench_image_ar_on_an_emu3_folder_at_a_latent_size(tmp_path, monkeypatch, capsys):
     """An Emu3 folder: HF's row is `generate` with the docs' constraint function, eager and with HF's static cache
     and auto-compile (compiled: HF kept its compiled call); specmm's lossless rows give its tokens."""
