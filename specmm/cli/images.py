@@ -158,6 +158,9 @@ def check_source(args) -> bool:
         raise ValueError("--prompts: text prompts go with --model DIR; LlamaGen checkpoints take --classes")
     if args.latent_size is not None:
         raise ValueError("--latent-size: for a stock generator folder (--model); LlamaGen's size is --image-size")
+    if args.negative_prompt is not None:
+        raise ValueError("--negative-prompt: for a stock generator folder (--model); LlamaGen guides with the null "
+                         "class")
     return False
 
 
@@ -195,6 +198,10 @@ def load_stock(args, device):
     settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts], "dtype": str(args.dtype)}
     if args.latent_size is not None:  # a job's images keep one size: resuming with another refuses
         settings["latent_size"] = list(args.latent_size)
+    if args.negative_prompt is not None:
+        if not hasattr(image_model, "negative_prompt"):
+            raise ValueError(f"--negative-prompt: {type(model).__name__} takes no negative prompt (Emu3 does)")
+        settings["negative_prompt"] = args.negative_prompt
     return image_model, list(range(len(prompts))), lambda labels: [prompts[i] for i in labels], settings
 
 
@@ -210,11 +217,12 @@ def run_image_job(args, sampler, labels: list[int], conditions, settings: dict, 
         jobs, todo = processes.share(plan_job(out, labels, args.per_class, args.batch_size, prefix)
                                      if processes.is_main else None)
         forwards = tokens = written = 0
+        options = {} if args.negative_prompt is None else {"negative_prompt": args.negative_prompt}  # Emu3's
         with ImagesBar(out, sum(len(b) for b in todo), f"sample-images {args.method}", processes, prefix) as bar:
             for batch in processes.my_share(todo):
                 generators = [torch.Generator(device=device).manual_seed(image_seed(args.seed, c, i))
                               for c, i in batch]
-                res = sampler.sample(conditions([c for c, _ in batch]), cfg_scale=args.cfg_scale,
+                res = sampler.sample(conditions([c for c, _ in batch]), cfg_scale=args.cfg_scale, **options,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      generator=generators)
                 written += save_batch(out, batch, res.images, prefix)
@@ -279,6 +287,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="with --model: weights dtype")
     p.add_argument("--latent-size", type=latent_size_arg,
                    help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
+    p.add_argument("--negative-prompt", help="with --model, for generators that take one (Emu3): the text guidance "
+                   "steers away from (default: the model's own, HF's last-token guidance)")
     p.add_argument("--gpt-ckpt", help="upstream LlamaGen GPT .pt ({'model': state_dict})")
     p.add_argument("--vq-ckpt", help="upstream LlamaGen VQ .pt")
     p.add_argument("--gpt-config", help="preset (GPT-B, GPT-L, ...) or JSON file")

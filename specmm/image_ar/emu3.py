@@ -14,7 +14,7 @@ from specmm.image_ar.emu3_target import Emu3Target, Emu3Vocabulary
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import register_image_model
+from specmm.image_ar.models import refuse_options, register_image_model
 
 
 class Emu3DrafterView(nn.Module):
@@ -77,40 +77,48 @@ class Emu3ImageModel:
         self.lm = Emu3DrafterView(model, self.target)
 
     def conditioning(self, conditions, cfg_scale: float, max_nodes: int, cfg_interval: int = -1,
-                     caption_mask: Tensor | None = None) -> tuple[Tensor, dict]:
+                     caption_mask: Tensor | None = None, **options) -> tuple[Tensor, dict]:
         """Text prompts (a processor needed), or their ids [B, L] (left-padded, with `caption_mask` as the
-        attention mask) -> an empty prompt plus the target's inputs."""
+        attention mask) -> an empty prompt plus the target's inputs. Option: `negative_prompt` (this call's; default
+        the adapter's)."""
+        negative_prompt = options.pop("negative_prompt", self.negative_prompt)
+        refuse_options(options, "Emu3")
         check_cfg_scale(cfg_scale)
         if cfg_interval != -1:
             raise ValueError(f"cfg_interval: Emu3 guides every token (HF has no guidance interval), got {cfg_interval}")
         ids, mask = self._tokens(conditions, caption_mask, image_prompt=True)
-        negative = negative_mask = None
-        if self.negative_prompt is not None and cfg_scale != 1:
-            negative, negative_mask = self._tokens(self.negative_prompt, None, image_prompt=False)
-            if negative.shape[0] == 1:
-                negative, negative_mask = negative.expand(ids.shape[0], -1), negative_mask.expand(ids.shape[0], -1)
+        negative = self._negative(negative_prompt, ids.shape[0], cfg_scale)
         prompt = torch.zeros(ids.shape[0], 0, dtype=torch.long, device=self.target.device)
-        return prompt, dict(prompt_ids=ids, prompt_mask=mask, negative_prompt_ids=negative,
-                            negative_prompt_attention_mask=negative_mask, guidance_scale=cfg_scale, max_nodes=max_nodes)
+        return prompt, dict(prompt_ids=ids, prompt_mask=mask, negative_prompt_ids=negative.get("negative_prompt_ids"),
+                            negative_prompt_attention_mask=negative.get("negative_prompt_attention_mask"),
+                            guidance_scale=cfg_scale, max_nodes=max_nodes)
 
     @torch.no_grad()
-    def hf_generate(self, prompts, cfg_scale: float, **generate_kwargs) -> Tensor:
+    def hf_generate(self, prompts, cfg_scale: float, negative_prompt=None, **generate_kwargs) -> Tensor:
         """The stock `generate` call this adapter reproduces, as the HF docs make it (the prompts' image size, the
-        docs' `prefix_allowed_tokens_fn`, guidance against the negative prompt) -> its codes [B, H*W]
-        (`generate_kwargs`: e.g. `do_sample=False`, a static cache)."""
+        docs' `prefix_allowed_tokens_fn`, guidance against the negative prompt: `negative_prompt`, default the
+        adapter's) -> its codes [B, H*W] (`generate_kwargs`: e.g. `do_sample=False`, a static cache)."""
         check_cfg_scale(cfg_scale)
         ids, mask = self._tokens(prompts, None, image_prompt=True)
-        negative = {}
-        if self.negative_prompt is not None and cfg_scale != 1:
-            neg_ids, neg_mask = self._tokens(self.negative_prompt, None, image_prompt=False)
-            negative = dict(negative_prompt_ids=neg_ids.expand(ids.shape[0], -1),
-                            negative_prompt_attention_mask=neg_mask.expand(ids.shape[0], -1))
+        negative = self._negative(negative_prompt if negative_prompt is not None else self.negative_prompt,
+                                  ids.shape[0], cfg_scale)
         device, target = self.target.device, self.target
         negative = {name: value.to(device) for name, value in negative.items()}
         out = self.emu3.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  max_new_tokens=(target.width + 1) * target.height + 3, guidance_scale=cfg_scale,
                                  prefix_allowed_tokens_fn=target.allowed_tokens(), **negative, **generate_kwargs)
         return target.codes(out[:, ids.shape[1]:])
+
+    def _negative(self, negative_prompt, rows: int, cfg_scale: float) -> dict:
+        """`generate`'s negative-prompt inputs for `rows` prompts ({} without guidance or a negative prompt: HF
+        then guides against each prompt's last token); one negative prompt serves every row."""
+        if negative_prompt is None or cfg_scale == 1:
+            return {}
+        ids, mask = self._tokens(negative_prompt, None, image_prompt=False)
+        if ids.shape[0] not in (1, rows):
+            raise ValueError(f"negative_prompt: {ids.shape[0]} negative prompts for {rows} prompts (give one, or "
+                             "one per prompt)")
+        return dict(negative_prompt_ids=ids.expand(rows, -1), negative_prompt_attention_mask=mask.expand(rows, -1))
 
     def _tokens(self, texts, mask: Tensor | None, image_prompt: bool) -> tuple[Tensor, Tensor]:
         if isinstance(texts, str):

@@ -64,6 +64,9 @@ def test_sample_images_errors(tmp_path, capsys):
     assert "--classes" in capsys.readouterr().err
     assert main([*ARGS, "--classes", "1", "--method", "lantern", "--out", str(tmp_path / "b")]) == 2
     assert "drafter" in capsys.readouterr().err
+    for flag, value in (("--latent-size", "2x2"), ("--negative-prompt", "blurry")):  # stock generators' options
+        assert main([*ARGS, "--classes", "1", flag, value, "--out", str(tmp_path / "c")]) == 2
+        assert f"{flag}: for a stock generator folder (--model)" in capsys.readouterr().err
 
 
 def test_image_size_error_states_the_valid_size(tmp_path, capsys):

@@ -287,6 +287,10 @@ def test_bad_emu3_inputs_raise_before_work(greedy_setup):
         ImageSampler(image_model, proposer="jacobi", window=4, cfg_interval=2).sample(prompt, cfg_scale=SCALE)
     with pytest.raises(ValueError, match="Emu3ForConditionalGeneration"):
         Emu3ImageModel(torch.nn.Linear(2, 2), height=HEIGHT, width=WIDTH)
+    with pytest.raises(ValueError, match="steps: not a sampling option of Emu3"):
+        sampler.sample(prompt, cfg_scale=SCALE, caption_mask=mask, steps=3)
+    with pytest.raises(ValueError, match="negative_prompt: 3 negative prompts for 2 prompts"):
+        sampler.sample(prompt, cfg_scale=SCALE, caption_mask=mask, negative_prompt=torch.ones(3, 2, dtype=torch.long))
 
 
 def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path):
@@ -311,6 +315,19 @@ def test_cli_samples_a_saved_emu3_folder(greedy_setup, tmp_path):
     assert (out / "grid.png").is_file()
     expected = ImageSampler.for_model(model.to(torch.float32), processor, window=4).sample(
         ["abc", "defgh"], cfg_scale=SCALE, temperature=0.0).images
-    model.to(torch.float64)
     for i, image in enumerate(expected):
         assert np.array_equal(np.asarray(Image.open(out / f"prompt{i:04d}_000.png")), np.asarray(image))
+    # --negative-prompt: the images of a sampler given it, whose tokens are HF generate's with it
+    assert main(["sample-images", "--model", str(folder), "--prompts", str(prompts), "--method", "sjd",
+                 "--latent-size", f"{HEIGHT}x{WIDTH}", "--negative-prompt", "hh", "--per-class", "1",
+                 "--cfg-scale", str(SCALE), "--temperature", "0", "--out", str(tmp_path / "negative")]) == 0
+    sampler = ImageSampler.for_model(model, processor, window=4)
+    guided = sampler.sample(["abc", "defgh"], cfg_scale=SCALE, temperature=0.0, negative_prompt="hh")
+    assert torch.equal(guided.tokens, sampler.model.hf_generate(["abc", "defgh"], SCALE, negative_prompt="hh",
+                                                                do_sample=False))
+    for i, image in enumerate(guided.images):
+        assert np.array_equal(np.asarray(Image.open(tmp_path / "negative" / f"prompt{i:04d}_000.png")),
+                              np.asarray(image))
+    assert not torch.equal(guided.tokens, sampler.sample(["abc", "defgh"], cfg_scale=SCALE, temperature=0.0,
+                                                          decode=False).tokens)  # it took effect
+    model.to(torch.float64)

@@ -178,6 +178,11 @@ def test_cli_samples_a_janus_folder_with_resume_and_grid(janus, tmp_path, capsys
     capsys.readouterr()
     assert main([*args[:-2], "--classes", "1", "--out", str(tmp_path / "x")]) == 2
     assert "--model: a stock generator folder takes --prompts, not --classes" in capsys.readouterr().err
+    assert main([*args[:-2], "--negative-prompt", "blurry", "--out", str(tmp_path / "x")]) == 2
+    assert "--negative-prompt: JanusForConditionalGeneration takes no negative prompt" in capsys.readouterr().err
+    assert main([*args[:-2], "--latent-size", "2x2", "--out", str(tmp_path / "x")]) == 2
+    assert "latent_size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    assert not list((tmp_path / "x").glob("*.png"))
 
 
 def test_compiled_greedy_tokens_equal_hf_generate_under_cuda_graph_rules(janus, hf_greedy, monkeypatch):
