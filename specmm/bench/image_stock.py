@@ -50,7 +50,7 @@ def bench_stock_images(args) -> int:
         if not prompts:
             raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     device = torch.device(args.device)
-    model, processor = load_pretrained(args.model, args.dtype, device)
+    model, processor = load_pretrained(args.model, args.dtype, device, args.latent_size)
     image = image_model_for(model, processor, latent_size=args.latent_size)
     if not callable(getattr(image, "hf_generate", None)):
         raise ValueError(f"--model: the {type(image).__name__} adapter has no hf_generate (the HF generate call it "

@@ -31,7 +31,7 @@ OWNED = ("config.json", "model.safetensors", "work/*")  # what --force deletes
 
 def cmd_train_image_drafter(args) -> int:
     from specmm.image_ar.drafter_train import DrafterTrainConfig, train_image_drafter
-    from specmm.image_ar.models import image_model_for, load_pretrained
+    from specmm.image_ar.models import check_latent_size, folder_class_name, image_model_for, load_pretrained
     from specmm.jobs import Job, fingerprint
     from specmm.jobs.content import text_key
 
@@ -39,6 +39,8 @@ def cmd_train_image_drafter(args) -> int:
     prompts = read_text_lines("--prompts", args.prompts)
     if not prompts:
         raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    with loading("--model", folder):
+        check_latent_size(folder_class_name(folder), args.latent_size)  # before the job takes --out
     device = torch.device(args.device)
     config = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr)
     settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts],
@@ -48,7 +50,7 @@ def cmd_train_image_drafter(args) -> int:
                 "top_p": args.top_p, "seed": args.seed, "sample_batch_size": args.sample_batch_size}
     with Job(args.out, "train-image-drafter", settings, resume=True, force=args.force, folder=True, owned=OWNED):
         with loading("--model", folder):
-            model, processor = load_pretrained(folder, args.dtype, device)
+            model, processor = load_pretrained(folder, args.dtype, device, args.latent_size)
         image_model = image_model_for(model, processor, latent_size=args.latent_size)
         drafter = train_image_drafter(image_model, prompts, cfg_scale=args.cfg_scale, temperature=args.temperature,
                                       top_k=args.top_k, top_p=args.top_p, images_per_prompt=args.images_per_prompt,

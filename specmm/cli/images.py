@@ -192,7 +192,7 @@ def load_stock(args, device):
     if not prompts:
         raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     with loading("--model", folder):
-        model, processor = load_pretrained(folder, args.dtype, device)
+        model, processor = load_pretrained(folder, args.dtype, device, args.latent_size)
     # ValueError naming the class when it is no image generator, or one of a fixed size given --latent-size
     image_model = image_model_for(model, processor, latent_size=args.latent_size)
     settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts], "dtype": str(args.dtype)}

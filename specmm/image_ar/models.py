@@ -79,11 +79,8 @@ def image_model_for(model: Any, processor: Any = None, latent_size: tuple[int, i
     from specmm.image_ar.llamagen.adapter import LlamaGenImageModel
     from specmm.image_ar.llamagen.model import LlamaGen
 
-    _load_builtin()
     name = type(model).__name__
-    if latent_size is not None and name not in _SIZED:
-        raise ValueError(f"latent_size: {name} generates images of one size; models that take a size: "
-                         f"{', '.join(sorted(_SIZED))}")
+    check_latent_size(name, latent_size)
     if isinstance(model, LlamaGen):
         return LlamaGenImageModel(model)
     if isinstance(model, ImageModel) and not isinstance(model, nn.Module):
@@ -96,16 +93,34 @@ def image_model_for(model: Any, processor: Any = None, latent_size: tuple[int, i
     return _BUILDERS[name](model, processor)
 
 
-def load_pretrained(folder, dtype=None, device=None) -> tuple[nn.Module, Any]:
-    """(model, processor) from a folder saved with `save_pretrained`: the class its config.json names (a stock
-    transformers class), and `AutoProcessor`."""
+def check_latent_size(class_name: str, latent_size: tuple[int, int] | None) -> None:
+    """ValueError unless `latent_size` is None or the class generates images of any size."""
+    _load_builtin()
+    if latent_size is not None and class_name not in _SIZED:
+        raise ValueError(f"latent_size: {class_name} generates images of one size; models that take a size: "
+                         f"{', '.join(sorted(_SIZED))}")
+
+
+def folder_class_name(folder) -> str:
+    """The transformers class a saved folder's config.json names; ValueError when it names none."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(folder)
     name = (getattr(config, "architectures", None) or [""])[0]
-    cls = getattr(transformers, name, None) if name else None
-    if cls is None:
+    if not name or getattr(transformers, name, None) is None:
         raise ValueError(f"model: {folder}/config.json names no transformers class ({name!r})")
+    return name
+
+
+def load_pretrained(folder, dtype=None, device=None,
+                    latent_size: tuple[int, int] | None = None) -> tuple[nn.Module, Any]:
+    """(model, processor) from a folder saved with `save_pretrained`: the class its config.json names (a stock
+    transformers class), and `AutoProcessor`; a `latent_size` the class cannot take is refused before loading."""
+    import transformers
+
+    name = folder_class_name(folder)
+    check_latent_size(name, latent_size)
+    cls = getattr(transformers, name)
     model = cls.from_pretrained(folder, dtype=dtype).eval()
     if device is not None:
         model = model.to(device)
