@@ -18,14 +18,13 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.sweep_rules import caught, run_sweep, warned  # noqa: E402
 import specmm  # noqa: E402
-from specmm.core import compiled  # noqa: E402
 from specmm.drafters import ModelDrafter  # noqa: E402
 from tests.conftest import left_padded_batch, perturbed_copy  # noqa: E402
 
@@ -88,17 +87,10 @@ def sweep(model_type: str, pool) -> list[str]:
             eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
             gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
             out = gen.generate(ids, **kwargs)
-        said = sorted({str(w.message).split(";")[0] for w in seen if "compile=True" in str(w.message)})
         verdict = lambda seqs: "OK" if torch.equal(seqs[:, :reference.shape[1]], reference) else "DIFFERS"  # noqa
-        caught = ""
-        if pool is not None:
-            caught = " | " + (", ".join(f"{kind}: {len(set(found))}" for kind, found in (
-                ("not recorded", pool.skipped), ("recorded again", pool.rerecorded), ("CPU tensors", pool.hosted))
-                if found) or "clean")
-            pool.skipped.clear(), pool.rerecorded.clear(), pool.hosted.clear()
         lines.append(f"| {model_type} | {type(target).__name__} | {str(target.dtype)[6:]} | {name} | "
                      f"{verdict(eager.sequences)} | {verdict(out.sequences)} | {gen.whole_round} | "
-                     f"{'; '.join(said) or '-'}{caught} |")
+                     f"{warned(seen)}{caught(pool)} |")
     return lines
 
 
@@ -111,31 +103,9 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(args.model_types) - set(CONFIGS))
     if unknown:
         parser.error(f"no tiny config for {unknown}; known: {sorted(CONFIGS)}")
-    torch.set_num_threads(1)
-    compiled.BACKEND = "aot_eager"
-    pool = None
-    with pytest.MonkeyPatch.context() as patch:
-        if args.rules:
-            from tests.graph_pool import graphed_on_cpu
-            pool = graphed_on_cpu(patch)
-        columns = ["model_type", "class", "dtype", "tree", "eager = generate", "compiled = generate",
-                   "one-graph round", "warnings", *(["graph rules"] if args.rules else [])]
-        head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        print("\n".join(head), flush=True)
-        lines, failed = [], 0
-        for model_type in args.model_types:
-            try:
-                found = sweep(model_type, pool)
-            except Exception as error:  # noqa: BLE001 - a report line per architecture, whatever broke
-                found = [f"| {model_type} | | | | ERROR | {type(error).__name__}: {str(error)[:120]} | | |"
-                         + (" |" if args.rules else "")]
-            failed += sum("DIFFERS" in line or "ERROR" in line or "recorded" in line or "CPU tensors" in line
-                          for line in found)
-            print("\n".join(found), flush=True)
-            lines += found
-    if args.out:
-        args.out.write_text("\n".join(head + lines) + "\n")
-    return 1 if failed else 0
+    columns = ["model_type", "class", "dtype", "tree", "eager = generate", "compiled = generate", "one-graph round",
+               "warnings"]
+    return run_sweep(args.model_types, sweep, columns, 4, args.rules, args.out)
 
 
 if __name__ == "__main__":

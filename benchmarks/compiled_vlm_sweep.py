@@ -19,13 +19,12 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.sweep_rules import caught, run_sweep, warned  # noqa: E402
 import specmm  # noqa: E402
-from specmm.core import compiled  # noqa: E402
 from tests.vlm import test_families, test_targets  # noqa: E402
 from tests.vlm.test_drafter import drafter_for  # noqa: E402
 
@@ -45,15 +44,8 @@ def sweep(family: str, pool) -> list[str]:
             gen = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=TREE, compile=True)
             same = [torch.equal(gen.generate(**inputs, max_new_tokens=test_targets.MAX_NEW, eos_token_id=eos,
                                              pad_token_id=test_targets.PAD).sequences, reference) for _ in range(2)]
-        said = sorted({str(w.message).split(";")[0] for w in seen if "compile=True" in str(w.message)})
-        caught = ""
-        if pool is not None:
-            caught = " | " + (", ".join(f"{kind}: {len(set(found))}" for kind, found in (
-                ("not recorded", pool.skipped), ("recorded again", pool.rerecorded), ("CPU tensors", pool.hosted))
-                if found) or "clean")
-            pool.skipped.clear(), pool.rerecorded.clear(), pool.hosted.clear()
         lines.append(f"| {family} | {type(model).__name__} | {method} | {'OK' if all(same) else 'DIFFERS'} | "
-                     f"{gen.whole_round} | {'; '.join(said) or '-'}{caught} |")
+                     f"{gen.whole_round} | {warned(seen)}{caught(pool)} |")
     return lines
 
 
@@ -66,31 +58,8 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(args.families) - set(SETUPS))
     if unknown:
         parser.error(f"no tiny model for {unknown}; known: {sorted(SETUPS)}")
-    torch.set_num_threads(1)
-    compiled.BACKEND = "aot_eager"
-    pool = None
-    with pytest.MonkeyPatch.context() as patch:
-        if args.rules:
-            from tests.graph_pool import graphed_on_cpu
-            pool = graphed_on_cpu(patch)
-        columns = ["family", "class", "drafter", "compiled = generate (2 runs)", "one-graph round", "warnings",
-                   *(["graph rules"] if args.rules else [])]
-        head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        print("\n".join(head), flush=True)
-        lines, failed = [], 0
-        for family in args.families:
-            try:
-                found = sweep(family, pool)
-            except Exception as error:  # noqa: BLE001 - a report line per family, whatever broke
-                found = [f"| {family} | | | ERROR | {type(error).__name__}: {str(error)[:120]} | |"
-                         + (" |" if args.rules else "")]
-            failed += sum("DIFFERS" in line or "ERROR" in line or "recorded" in line or "CPU tensors" in line
-                          for line in found)
-            print("\n".join(found), flush=True)
-            lines += found
-    if args.out:
-        args.out.write_text("\n".join(head + lines) + "\n")
-    return 1 if failed else 0
+    columns = ["family", "class", "drafter", "compiled = generate (2 runs)", "one-graph round", "warnings"]
+    return run_sweep(args.families, sweep, columns, 3, args.rules, args.out)
 
 
 if __name__ == "__main__":
