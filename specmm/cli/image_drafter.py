@@ -50,7 +50,7 @@ def cmd_train_image_drafter(args) -> int:
                 "top_p": args.top_p, "seed": args.seed, "sample_batch_size": args.sample_batch_size}
     with Job(args.out, "train-image-drafter", settings, resume=True, force=args.force, folder=True, owned=OWNED):
         with loading("--model", folder):
-            model, processor = load_pretrained(folder, args.dtype, device, args.latent_size)
+            model, processor = load_pretrained(folder, args.dtype, device)  # its latent size is checked above
         image_model = image_model_for(model, processor, latent_size=args.latent_size)
         drafter = train_image_drafter(image_model, prompts, cfg_scale=args.cfg_scale, temperature=args.temperature,
                                       top_k=args.top_k, top_p=args.top_p, images_per_prompt=args.images_per_prompt,

@@ -81,7 +81,7 @@ class Emu3ImageModel:
         """Text prompts (a processor needed), or their ids [B, L] (left-padded, with `caption_mask` as the
         attention mask) -> an empty prompt plus the target's inputs. Option: `negative_prompt` (this call's; default
         the adapter's)."""
-        negative_prompt = options.pop("negative_prompt", self.negative_prompt)
+        negative_prompt = options.pop("negative_prompt", None)
         refuse_options(options, "Emu3")
         check_cfg_scale(cfg_scale)
         if cfg_interval != -1:
@@ -100,8 +100,7 @@ class Emu3ImageModel:
         adapter's) -> its codes [B, H*W] (`generate_kwargs`: e.g. `do_sample=False`, a static cache)."""
         check_cfg_scale(cfg_scale)
         ids, mask = self._tokens(prompts, None, image_prompt=True)
-        negative = self._negative(negative_prompt if negative_prompt is not None else self.negative_prompt,
-                                  ids.shape[0], cfg_scale)
+        negative = self._negative(negative_prompt, ids.shape[0], cfg_scale)
         device, target = self.target.device, self.target
         negative = {name: value.to(device) for name, value in negative.items()}
         out = self.emu3.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -110,8 +109,10 @@ class Emu3ImageModel:
         return target.codes(out[:, ids.shape[1]:])
 
     def _negative(self, negative_prompt, rows: int, cfg_scale: float) -> dict:
-        """`generate`'s negative-prompt inputs for `rows` prompts ({} without guidance or a negative prompt: HF
-        then guides against each prompt's last token); one negative prompt serves every row."""
+        """`generate`'s negative-prompt inputs for `rows` prompts: `negative_prompt` (None: the adapter's), {}
+        without guidance or a negative prompt (HF then guides against each prompt's last token); one negative
+        prompt serves every row."""
+        negative_prompt = self.negative_prompt if negative_prompt is None else negative_prompt
         if negative_prompt is None or cfg_scale == 1:
             return {}
         ids, mask = self._tokens(negative_prompt, None, image_prompt=False)

@@ -6,7 +6,8 @@ prefill gives image token 0, then rounds of draft -> verify -> accept (ragged ro
 `proposer="ar"` is the plain one-token-per-forward baseline. `compile=True` is the fast path for every proposer:
 the verify, commit, draft and acceptance parts run compiled with static shapes over LlamaGen's own static caches
 (`specmm.image_ar.compiled`; Janus and Emu3: the stock model's forwards over the core's static cache), rows stay in
-the batch until all are done, and a round makes one host sync. Every round after the first (the first two when sampling: their draws go on a `DrawTape`) runs as one compiled graph."""
+the batch until all are done, and a round makes one host sync. Every round after the first (the first two when
+sampling: their draws go on a `DrawTape`) runs as one compiled graph."""
 
 from __future__ import annotations
 
