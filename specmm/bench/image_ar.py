@@ -187,7 +187,9 @@ def bench_image_ar(args) -> int:
     lg, drafter, judge = models.lg, models.drafter, models.judge
     classes = [i % len(models.classes) for i in range(args.images)]
     labels = torch.tensor(classes)
-    sampling = {"cfg_scale": args.cfg_scale, "temperature": 1.0, "top_k": args.top_k, "top_p": 1.0}
+    temperature = 1.0 if args.temperature is None else args.temperature
+    top_k = 100 if args.top_k is None else args.top_k
+    sampling = {"cfg_scale": args.cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": 1.0}
     knobs = {"window": args.window, "delta": args.delta, "lam": args.lam, "lantern_k": args.lantern_k,
              "lantern_pp_k": args.lantern_pp_k, "gsd_window": args.gsd_window,
              "gsd_p_gap": args.gsd_gap, "gsd_quantile": args.gsd_quantile}
@@ -280,7 +282,7 @@ def bench_image_ar(args) -> int:
         setup = {"model": f"zoo imagegen-{args.scale}: LlamaGen c2i GPT {record['gpt']['parameters']} params, "
                  f"{record['tokens_per_image']} tokens per {record['image_size']} px image, "
                  f"{lg.config.vocab_size} codes", "images per method": args.images,
-                 "sampling": f"T=1, top-k {args.top_k}, cfg {args.cfg_scale}", "knobs": knobs,
+                 "sampling": f"T={temperature:g}, top-k {top_k}, cfg {args.cfg_scale}", "knobs": knobs,
                  "classifier accuracy on held-out real images": record["classifier"]["heldout_accuracy"],
                  "device": str(device), "GPT and drafter dtype": str(args.dtype)}
         command = "specmm " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -322,7 +324,10 @@ def add_parser(bsub) -> None:
     p.add_argument("--images", type=int, default=40, help="images per method and batch size")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--cfg-scale", type=float, default=2.0)
-    p.add_argument("--top-k", type=int, default=100)
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature (default: 1 on the zoo; 0, greedy, with --model, where a sampled run "
+                        "checks each lossless row's greedy tokens against HF generate's)")
+    p.add_argument("--top-k", type=int, help="top-k sampling, 0 off (default: 100 on the zoo, off with --model)")
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--delta", type=float, default=0.2)
     p.add_argument("--lam", type=float, default=5.0)

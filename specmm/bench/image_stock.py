@@ -1,7 +1,8 @@
 """`specmm bench image_ar --model DIR`: a stock image generator folder (Janus-Pro, Emu3) against its own `generate`.
 
-One process, the same prompts, greedy decoding (T=0) so every row's tokens can be compared with HF's: HF's image
-`generate` is the reference row (with `--compile` also HF's static cache with the decode step compiled: the
+One process, the same prompts, greedy decoding by default (T=0), so every row's tokens can be compared with HF's,
+or sampled (`--temperature`, `--top-k`: what acceptance is in use, SJD's case), where each lossless row's greedy
+tokens of the same batch are checked against HF's instead: HF's image `generate` is the reference row (with `--compile` also HF's static cache with the decode step compiled: the
 fastest plain decoding a user of the stock model gets); specmm's AR, exact SD and SJD (Jacobi windows) and GSD run
 through `ImageSampler.for_model`. Columns: step compression (image tokens per target forward) and latency against
 HF's own loop at the same shapes (`overhead efficiency` = speedup over HF / step compression: specmm's per-step
@@ -26,6 +27,7 @@ from specmm.jobs import Job, atomic_write_text, fingerprint
 from specmm.machine import machine_info
 
 STOCK_METHODS = ("ar", "exact", "sjd", "gsd")  # lantern(++) need a trained drafter
+LOSSLESS = ("ar", "exact", "sjd")
 DEFAULT_PROMPTS = ["a red cat on the mat", "a blue dog under the big tree", "green sky", "a small tree"]
 HF_COMPILED = ("HF's image generate with its decode step compiled over a static cache (Emu3: generate's static "
                "cache and auto-compile, prefill eager; Janus: its own static cache, the language model compiled)")
@@ -50,6 +52,7 @@ def bench_stock_images(args) -> int:
         if not prompts:
             raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     device = torch.device(args.device)
+    sampling = {"temperature": args.temperature or 0.0, "top_k": args.top_k or 0, "seed": args.seed}
     model, processor = load_pretrained(args.model, args.dtype, device, args.latent_size)
     image = image_model_for(model, processor, latent_size=args.latent_size)
     if not callable(getattr(image, "hf_generate", None)):
@@ -61,7 +64,7 @@ def bench_stock_images(args) -> int:
     partial = Path(args.out) / f"{stem}.partial"
     settings = {"model": fingerprint(args.model), "prompts": prompts, "latent_size": args.latent_size,
                 "methods": methods, "batch_sizes": args.batch_sizes, "cfg_scale": args.cfg_scale,
-                "compile": bool(args.compile), "repeats": args.repeats, "dtype": str(args.dtype), **knobs}
+                "compile": bool(args.compile), "repeats": args.repeats, "dtype": str(args.dtype), **knobs, **sampling}
     done: dict[str, list[dict]] = {}  # batch size -> its rows
     # the kept rows are a job: --resume continues only the same benchmark, a second run on it is refused
     with Job(partial, "bench image_ar --model", settings, resume=args.resume, force=not args.resume, folder=True,
@@ -72,18 +75,22 @@ def bench_stock_images(args) -> int:
             if str(batch_size) in done:  # finished before the run was interrupted
                 continue
             batch = [prompts[i % len(prompts)] for i in range(batch_size)]
-            hf_eager = _hf_runner(model, image, batch, args.cfg_scale)
+            hf_eager = _hf_runner(model, image, batch, args.cfg_scale, sampling)
             bench = [Method(f"hf generate (bs {batch_size})", hf_eager, baseline=True)]
             if args.compile:
                 bench.append(Method(f"hf generate, static cache + torch.compile (bs {batch_size})",
-                                    _hf_runner(model, image, batch, args.cfg_scale, compiled=True), baseline=True,
-                                    compiled=True, note=HF_COMPILED))
+                                    _hf_runner(model, image, batch, args.cfg_scale, sampling, compiled=True),
+                                    baseline=True, compiled=True, note=HF_COMPILED))
+            samplers = {}
             for method in methods:
                 for compiled in (False, True) if args.compile else (False,):
                     sampler = make_sampler(image, method, compile=compiled, **knobs)
                     name = f"{method}{', compiled' if compiled else ''} (bs {batch_size})"
-                    bench.append(Method(name, _runner(sampler, batch, args.cfg_scale), compiled=compiled))
+                    samplers[name] = method, sampler
+                    bench.append(Method(name, _runner(sampler, batch, args.cfg_scale, sampling), compiled=compiled))
             timed, _ = run_benchmark(bench, device, repeats=args.repeats, warmup=1)
+            if sampling["temperature"] > 0:
+                _greedy_check(timed, samplers, image, batch, args.cfg_scale)
             done[str(batch_size)] = [asdict(row) for row in timed]
             atomic_write_text(partial / "rows.json", json.dumps(done))
             left = [bs for bs in args.batch_sizes if str(bs) not in done]
@@ -102,13 +109,17 @@ def _report(args, model, image, prompts: list[str], knobs: dict, device: torch.d
     text = model.config.get_text_config()
     setup = {"model": f"{type(model).__name__} from {args.model}: {sum(p.numel() for p in model.parameters())} params, "
              f"{text.num_hidden_layers} layers, {image.tokens_per_image} tokens per image, "
-             f"{image.target.vocab_size} codes", "prompts": len(prompts), "sampling": f"greedy, cfg {args.cfg_scale}",
+             f"{image.target.vocab_size} codes", "prompts": len(prompts), "sampling": _sampling_text(args),
              "knobs": knobs, "device": str(device), "dtype": str(args.dtype)}
     notes = [RANDOM_WEIGHTS,
              "mean accepted = step compression: image tokens per target forward per row (the prompt prefill that gives "
              "token 0 counts as a forward; HF generate and AR = 1.00).",
              "speedup = HF generate's wall time / the method's at the same batch size (median of the repeats).",
-             "outputs match: greedy tokens equal HF generate's (exact SD, SJD and AR must; GSD is lossy).",
+             ("outputs match: greedy tokens equal HF generate's (exact SD, SJD and AR must; GSD is lossy)." if not
+              args.temperature else "outputs match: sampled rows are not expected to equal HF's draws; each lossless "
+              "row (AR, exact SD, SJD) is checked by its greedy tokens of the same batch against HF generate's "
+              "greedy ones (n/a: HF's rows and GSD). Losslessness in law is tested by chi-square tests in "
+              "tests/image_ar."),
              f"SJD and GSD use Jacobi windows of {args.window}."]
     if args.compile:
         notes.append("compiled rows: `ImageSampler(compile=True)`, the model's forwards compiled over a static cache "
@@ -125,23 +136,38 @@ def _report(args, model, image, prompts: list[str], knobs: dict, device: torch.d
     print(f"wrote {json_path} and {md_path}{' (partial: ' + partial + ')' if partial else ''}")
 
 
-def _hf_runner(model, image, prompts: list[str], cfg_scale: float, compiled: bool = False):
-    """HF's own greedy image `generate` (the adapter's `hf_generate`), eager or compiled: Emu3 through
-    `generate`'s static cache and auto-compile; Janus's image loop calls its language model directly (a static
-    cache of its own, no auto-compile), so that module is called through `torch.compile` for the run."""
+def _sampling_text(args) -> str:
+    if not args.temperature:
+        return f"greedy, cfg {args.cfg_scale}"
+    return f"T={args.temperature:g}, top-k {args.top_k or 'off'}, cfg {args.cfg_scale}, seed {args.seed}"
+
+
+def _hf_options(sampling: dict) -> dict:
+    """`generate`'s sampling options for `sampling` (top-k 0 is off; passed, so the checkpoint's default is not)."""
+    if not sampling["temperature"]:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling["temperature"], "top_k": sampling["top_k"], "top_p": 1.0}
+
+
+def _hf_runner(model, image, prompts: list[str], cfg_scale: float, sampling: dict, compiled: bool = False):
+    """HF's own image `generate` (the adapter's `hf_generate`), eager or compiled: Emu3 through `generate`'s static
+    cache and auto-compile; Janus's image loop calls its language model directly (a static cache of its own, no
+    auto-compile), so that module is called through `torch.compile` for the run. Sampled runs reseed torch's
+    global generator (HF's) first, so every run draws alike."""
     janus = type(model).__name__ == "JanusForConditionalGeneration"
-    options = hf_static_compile_kwargs(model) if compiled else {}
+    options = {**(hf_static_compile_kwargs(model) if compiled else {}), **_hf_options(sampling)}
     compiled_lm = (torch.compile(model.model.language_model._call_impl, **options["compile_config"].to_dict())
                    if compiled and janus else None)
 
     def run() -> RunResult:
+        torch.manual_seed(sampling["seed"])
         if not janus:
-            tokens = image.hf_generate(prompts, cfg_scale, do_sample=False, **options)
+            tokens = image.hf_generate(prompts, cfg_scale, **options)
             return RunResult(rows=tokens.tolist(), mean_accepted=1.0, compiled=compiled and hf_compiled(model))
         lm = model.model.language_model
         lm._compiled_call_impl = compiled_lm  # nn.Module.compile's hook: calls go through it while set
         try:
-            tokens = image.hf_generate(prompts, cfg_scale, do_sample=False)
+            tokens = image.hf_generate(prompts, cfg_scale, **_hf_options(sampling))
         finally:
             lm._compiled_call_impl = None
         return RunResult(rows=tokens.tolist(), mean_accepted=1.0, compiled=compiled)
@@ -149,12 +175,33 @@ def _hf_runner(model, image, prompts: list[str], cfg_scale: float, compiled: boo
     return run
 
 
-def _runner(sampler, prompts: list[str], cfg_scale: float):
+def _runner(sampler, prompts: list[str], cfg_scale: float, sampling: dict):
+    """specmm's run: greedy, or sampled with one generator per row seeded by its place (the same draws each run)."""
     def run() -> RunResult:
-        out = sampler.sample(prompts, cfg_scale=cfg_scale, temperature=0.0, decode=False)
+        generators = None
+        if sampling["temperature"]:
+            device = sampler.target.device
+            generators = [torch.Generator(device).manual_seed(sampling["seed"] + i) for i in range(len(prompts))]
+        out = sampler.sample(prompts, cfg_scale=cfg_scale, temperature=sampling["temperature"],
+                             top_k=sampling["top_k"], generator=generators, decode=False)
         return RunResult(rows=out.tokens.tolist(), mean_accepted=out.stats.step_compression, stats=out.stats)
 
     return run
+
+
+def _greedy_check(rows: list[BenchRow], samplers: dict, image, prompts: list[str], cfg_scale: float) -> None:
+    """Sampled rows: `matched` is whether each lossless row's greedy tokens of the same batch equal HF generate's
+    greedy ones (None for HF's rows and GSD, whose draws are not expected to match)."""
+    reference = None
+    for row in rows:
+        method, sampler = samplers.get(row.method, (None, None))
+        row.matched = None
+        if row.error or method not in LOSSLESS:
+            continue
+        if reference is None:
+            reference = image.hf_generate(prompts, cfg_scale, do_sample=False).tolist()
+        greedy = sampler.sample(prompts, cfg_scale=cfg_scale, temperature=0.0, decode=False).tokens.tolist()
+        row.matched = greedy == reference
 
 
 __all__ = ["bench_stock_images"]

@@ -293,6 +293,7 @@ def add_parser(sub):
     add_bench_image_ar(bsub)
     set_types(bsub.choices["image_ar"], {
         "images": positive_int, "batch_sizes": positive_int, "cfg_scale": float_range(1.0), "top_k": nonnegative_int,
+        "temperature": temperature_arg,
         "window": int_range(2), "delta": float_range(0.0, 1.0), "lam": float_range(1.0), "lantern_k": positive_int,
         "lantern_pp_k": positive_int, "draft_chain": positive_int, "gsd_window": positive_int,
         "gsd_gap": float_range(0.0, 1.0), "gsd_quantile": float_range(0.0, 1.0), "seed": nonnegative_int,

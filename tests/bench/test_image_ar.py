@@ -286,3 +286,42 @@ def test_bench_image_ar_dtype_puts_the_zoo_gpt_and_drafter_in_bf16_and_lossless_
     assert {p.dtype for p in models.lg.gpt.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in models.drafter.head.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in models.lg.vq.parameters()} == {torch.float32}
+
+
+def test_bench_image_ar_on_a_janus_folder_samples_and_checks_lossless_rows_greedily(tmp_path, monkeypatch):
+    """--temperature: HF's and specmm's rows sample (the same draws on every run: HF reseeded, specmm per-row
+    generators), so no row is compared with HF's draws; each lossless row's greedy tokens are, GSD's are not."""
+    import torch
+
+    import specmm.bench.image_stock as stock
+    from tests.image_ar.stock import janus_processor, tiny_janus
+
+    folder, out = tmp_path / "janus", tmp_path / "bench"
+    tiny_janus(dtype=torch.float32).save_pretrained(folder)
+    janus_processor().save_pretrained(folder)
+    real, outputs = stock.run_benchmark, {}
+
+    def keep_outputs(methods, *a, **kw):
+        rows, results = real(methods, *a, **kw)
+        outputs.update({m.name: [m.run().rows, results[m.name].rows] for m in methods})  # a run after the timed one
+        return rows, results
+
+    monkeypatch.setattr(stock, "run_benchmark", keep_outputs)
+    assert main(["bench", "image_ar", "--model", str(folder), "--batch-sizes", "2", "--window", "4", "--methods",
+                 "ar,sjd,gsd", "--cfg-scale", "3", "--temperature", "1", "--top-k", "6", "--seed", "4", "--out",
+                 str(out), "--name", "s"]) == 0
+    report = json.loads((out / "s.json").read_text())
+    rows = {r["method"].split(" ")[0]: r for r in report["rows"]}
+    assert [rows[m]["matched"] for m in ("hf", "ar", "sjd", "gsd")] == [None, True, True, None]
+    assert report["setup"]["sampling"] == "T=1, top-k 6, cfg 3.0, seed 4"
+    greedy = stock._hf_runner(*_janus_image(folder), ["a red cat on the mat", "a blue dog under the big tree"], 3.0,
+                              {"temperature": 0.0, "top_k": 0, "seed": 4})().rows
+    for name, (again, timed) in outputs.items():
+        assert again == timed and again != greedy, name  # reproducible draws, not the greedy tokens
+
+
+def _janus_image(folder):
+    from specmm.image_ar.models import image_model_for, load_pretrained
+
+    model, processor = load_pretrained(folder, None, __import__("torch").device("cpu"))
+    return model, image_model_for(model, processor)
