@@ -1,5 +1,6 @@
 """`specmm train-image-drafter`: an image drafter (LANTERN, exact SD, gsd-drafter) for a stock image generator
-folder (Janus-Pro, Emu3), trained on images the model samples itself from your prompts.
+folder (Janus-Pro, Emu3; `--model DIR --prompts FILE`) or upstream class-conditional LlamaGen checkpoints
+(`--gpt-ckpt ... --classes ...`: LANTERN's own setting), trained on images the model samples itself.
 
 The output folder is a job: its manifest names what changes the drafter, a rerun of the same job resumes (the
 sampled images are kept a slice at a time, the head and optimizer every --checkpoint-every steps, each file
@@ -25,53 +26,85 @@ from specmm.cli.common import (
     read_text_lines,
     temperature_arg,
 )
+from specmm.cli.images import add_llamagen_arguments, check_source, llamagen_classes, llamagen_settings, load_llamagen
 
 OWNED = ("config.json", "model.safetensors", "work/*")  # what --force deletes
 
 
 def cmd_train_image_drafter(args) -> int:
     from specmm.image_ar.drafter_train import DrafterTrainConfig, train_image_drafter
-    from specmm.image_ar.models import check_latent_size, folder_class_name, image_model_for, load_pretrained
-    from specmm.jobs import Job, fingerprint
-    from specmm.jobs.content import text_key
+    from specmm.jobs import Job
 
-    folder = model_folder("--model", args.model)  # cheap errors before any model is loaded
-    prompts = read_text_lines("--prompts", args.prompts)
-    if not prompts:
-        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
-    with loading("--model", folder):
-        check_latent_size(folder_class_name(folder), args.latent_size)  # before the job takes --out
+    stock = check_source(args)  # cheap errors (a mix of sources, files, prompts, classes) before any model loads
+    source = _stock_source(args) if stock else _llamagen_source(args)
     device = torch.device(args.device)
     config = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr)
-    settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts],
-                "latent_size": args.latent_size and list(args.latent_size), "dtype": str(args.dtype),
-                "images_per_prompt": args.images_per_prompt, "steps": args.steps, "batch_size": args.batch_size,
-                "lr": args.lr, "cfg_scale": args.cfg_scale, "temperature": args.temperature, "top_k": args.top_k,
-                "top_p": args.top_p, "seed": args.seed, "sample_batch_size": args.sample_batch_size}
+    settings = {**source, "images_per_prompt": args.images_per_prompt, "steps": args.steps,
+                "batch_size": args.batch_size, "lr": args.lr, "cfg_scale": args.cfg_scale,
+                "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                "sample_batch_size": args.sample_batch_size}
     with Job(args.out, "train-image-drafter", settings, resume=True, force=args.force, folder=True, owned=OWNED):
-        with loading("--model", folder):
-            model, processor = load_pretrained(folder, args.dtype, device)  # its latent size is checked above
-        image_model = image_model_for(model, processor, latent_size=args.latent_size)
-        drafter = train_image_drafter(image_model, prompts, cfg_scale=args.cfg_scale, temperature=args.temperature,
+        image_model, conditions = _load(args, device) if stock else _load_llamagen(args, device)
+        drafter = train_image_drafter(image_model, conditions, cfg_scale=args.cfg_scale, temperature=args.temperature,
                                       top_k=args.top_k, top_p=args.top_p, images_per_prompt=args.images_per_prompt,
                                       config=config, seed=args.seed, checkpoint_dir=f"{args.out}/work",
                                       checkpoint_every=args.checkpoint_every,
                                       sample_batch_size=args.sample_batch_size)
         drafter.save_pretrained(args.out)
-    print(f"saved the image drafter to {args.out} (use: specmm sample-images --model {args.model} --method lantern "
+    source_args = (f"--model {args.model}" if stock else
+                   f"--gpt-ckpt {args.gpt_ckpt} --vq-ckpt {args.vq_ckpt} --gpt-config {args.gpt_config} --classes ...")
+    print(f"saved the image drafter to {args.out} (use: specmm sample-images {source_args} --method lantern "
           f"--drafter {args.out} ...)")
     return 0
 
 
+def _stock_source(args) -> dict:
+    """A stock folder's job settings, its prompts and latent size checked (cheaply: config.json only)."""
+    from specmm.image_ar.models import check_latent_size, folder_class_name
+    from specmm.jobs import fingerprint
+    from specmm.jobs.content import text_key
+
+    folder = model_folder("--model", args.model)
+    prompts = read_text_lines("--prompts", args.prompts)
+    if not prompts:
+        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    with loading("--model", folder):
+        check_latent_size(folder_class_name(folder), args.latent_size)  # before the job takes --out
+    return {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts],
+            "latent_size": args.latent_size and list(args.latent_size), "dtype": str(args.dtype)}
+
+
+def _llamagen_source(args) -> dict:
+    """LlamaGen checkpoints' job settings, the files, config and classes checked before any weights load."""
+    return {**llamagen_settings(args), "image_size": args.image_size, "classes": llamagen_classes(args)}
+
+
+def _load(args, device):
+    """(the folder's image model, its prompts)."""
+    from specmm.image_ar.models import image_model_for, load_pretrained
+
+    with loading("--model", args.model):
+        model, processor = load_pretrained(args.model, args.dtype, device)  # its latent size is checked above
+    return image_model_for(model, processor, latent_size=args.latent_size), read_text_lines("--prompts", args.prompts)
+
+
+def _load_llamagen(args, device):
+    """(the LlamaGen, its class ids [C])."""
+    lg, classes, conditions, _ = load_llamagen(args, device)
+    return lg, conditions(classes)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("train-image-drafter", help="train an image drafter (LANTERN, exact SD) for a stock image "
-                                                   "generator folder on images it samples from your prompts")
-    p.add_argument("--model", required=True, help="stock image generator folder (save_pretrained: model + processor)")
-    p.add_argument("--prompts", required=True, help="text file, one prompt per line")
+                                                   "generator folder or LlamaGen checkpoints on images it samples "
+                                                   "from your prompts or classes")
+    p.add_argument("--model", help="stock image generator folder (save_pretrained: model + processor)")
+    p.add_argument("--prompts", help="with --model: text file, one prompt per line")
+    add_llamagen_arguments(p)
     p.add_argument("--latent-size", type=latent_size_arg,
                    help="for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--out", required=True, help="output folder (the drafter; checkpoints under OUT/work)")
-    p.add_argument("--images-per-prompt", type=positive_int, default=1)
+    p.add_argument("--images-per-prompt", type=positive_int, default=1, help="images sampled per prompt or class")
     p.add_argument("--steps", type=positive_int, default=2000)
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per training step")
     p.add_argument("--lr", type=float_range(0.0, low_open=True), default=1e-3)

@@ -158,7 +158,7 @@ def check_source(args) -> bool:
         raise ValueError("--prompts: text prompts go with --model DIR; LlamaGen checkpoints take --classes")
     if args.latent_size is not None:
         raise ValueError("--latent-size: for a stock generator folder (--model); LlamaGen's size is --image-size")
-    if args.negative_prompt is not None:
+    if getattr(args, "negative_prompt", None) is not None:
         raise ValueError("--negative-prompt: for a stock generator folder (--model); LlamaGen guides with the null "
                          "class")
     return False
@@ -167,17 +167,21 @@ def check_source(args) -> bool:
 def load_llamagen(args, device):
     """(LlamaGen, class ids, class id of each label, job settings) from upstream checkpoints."""
     from specmm.image_ar import LlamaGen
-    from specmm.jobs import fingerprint
 
-    for argument in ("--gpt-ckpt", "--vq-ckpt"):
-        input_file(argument, getattr(args, argument[2:].replace("-", "_")))
+    classes = llamagen_classes(args)  # bad files, config or classes: refused before the weights load
     with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
         lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
                                       image_size=args.image_size).to(device)
-    classes = parse_classes(args.classes, lg.config.num_classes)
-    settings = {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "image_size": lg.image_size,
-                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+    settings = {**llamagen_settings(args), "image_size": lg.image_size}
     return lg, classes, lambda labels: torch.tensor(labels), settings
+
+
+def llamagen_settings(args) -> dict:
+    """What of a LlamaGen job's source changes its output: the checkpoints' fingerprints and the configs."""
+    from specmm.jobs import fingerprint
+
+    return {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "gpt_config": str(args.gpt_config),
+            "vq_config": str(args.vq_config)}
 
 
 def load_stock(args, device):
@@ -289,13 +293,7 @@ def add_parser(sub) -> None:
                    help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--negative-prompt", help="with --model, for generators that take one (Emu3): the text guidance "
                    "steers away from (default: the model's own, HF's last-token guidance)")
-    p.add_argument("--gpt-ckpt", help="upstream LlamaGen GPT .pt ({'model': state_dict})")
-    p.add_argument("--vq-ckpt", help="upstream LlamaGen VQ .pt")
-    p.add_argument("--gpt-config", help="preset (GPT-B, GPT-L, ...) or JSON file")
-    p.add_argument("--vq-config", default="VQ-16", help="preset (VQ-16, VQ-8) or JSON file")
-    p.add_argument("--image-size", type=positive_int,
-                   help="pixels (default and only valid value: the GPT's token grid x the VQ downsample)")
-    p.add_argument("--classes", help="LlamaGen: comma-separated class ids, e.g. 1,2")
+    add_llamagen_arguments(p)
     p.add_argument("--per-class", type=int_range(1, 1000), default=4, help="images per class or prompt (1..1000)")
     p.add_argument("--method", default="sjd",
                    choices=["ar", "exact", "sjd", "lantern", "lantern++", "gsd", "gsd-drafter"])
@@ -319,6 +317,34 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_sample_images)
 
 
+def add_llamagen_arguments(p) -> None:
+    """Upstream LlamaGen checkpoints (class-conditional), the other source of images than `--model DIR`."""
+    p.add_argument("--gpt-ckpt", help="upstream LlamaGen GPT .pt ({'model': state_dict})")
+    p.add_argument("--vq-ckpt", help="upstream LlamaGen VQ .pt")
+    p.add_argument("--gpt-config", help="preset (GPT-B, GPT-L, ...) or JSON file")
+    p.add_argument("--vq-config", default="VQ-16", help="preset (VQ-16, VQ-8) or JSON file")
+    p.add_argument("--image-size", type=positive_int,
+                   help="pixels (default and only valid value: the GPT's token grid x the VQ downsample)")
+    p.add_argument("--classes", help="LlamaGen: comma-separated class ids, e.g. 1,2")
+
+
+def llamagen_classes(args) -> list[int]:
+    """The `--classes` of a LlamaGen job, checked against its GPT config before any weights load (after the
+    checkpoint files are found); class-conditional GPTs only."""
+    from specmm.image_ar.llamagen.config import gpt_config
+
+    for argument in ("--gpt-ckpt", "--vq-ckpt"):
+        input_file(argument, getattr(args, argument[2:].replace("-", "_")))
+    try:
+        config = gpt_config(args.gpt_config)
+    except (ValueError, TypeError, OSError) as error:
+        raise ValueError(f"--gpt-config: {error}") from None
+    if config.model_type != "c2i":
+        raise ValueError(f"--gpt-config: a {config.model_type} GPT (text to image) takes caption embeddings, not "
+                         "--classes; only class-conditional (c2i) checkpoints run from the command line")
+    return parse_classes(args.classes, config.num_classes)
+
+
 def add_job_arguments(p, batch_size: int) -> None:
     """The options every image-sampling job shares: batch size, seed, output folder, resume / force, device."""
     p.add_argument("--batch-size", type=positive_int, default=batch_size)
@@ -331,5 +357,6 @@ def add_job_arguments(p, batch_size: int) -> None:
     p.add_argument("--device", type=device_arg, default=default_device())
 
 
-__all__ = ["OWNED", "ImagesBar", "add_job_arguments", "add_parser", "cmd_sample_images", "finish_job", "image_job", "image_path",
-           "image_seed", "parse_classes", "plan_job", "readable_png", "save_batch"]
+__all__ = ["OWNED", "ImagesBar", "add_job_arguments", "add_llamagen_arguments", "add_parser", "cmd_sample_images",
+           "finish_job", "image_job", "image_path", "image_seed", "llamagen_classes", "llamagen_settings",
+           "load_llamagen", "parse_classes", "plan_job", "readable_png", "save_batch"]

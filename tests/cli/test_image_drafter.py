@@ -1,5 +1,8 @@
-"""`specmm train-image-drafter` on a saved tiny Janus: the drafter `train_image_drafter` gives, killed runs resume
-from what they kept (sampled slices, checkpoints) to the same weights, other jobs are refused, bad input too."""
+"""`specmm train-image-drafter` on a saved tiny Janus and on upstream LlamaGen checkpoints: the drafter
+`train_image_drafter` gives, killed runs resume from what they kept (sampled slices, checkpoints) to the same
+weights, other jobs are refused, bad input too."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +96,41 @@ def test_another_job_in_the_folder_and_bad_input_are_refused_before_work(janus, 
     assert not (tmp_path / "other").exists()  # refused before the job took the folder
     assert main(args(tmp_path / "missing", prompts, tmp_path / "other")) == 2
     assert not (tmp_path / "other" / "model.safetensors").exists()
+
+
+LLAMAGEN = Path("/work/shared/fixtures/llamagen")
+
+
+def llamagen_args(out, *extra, config="gpt_c2i_config.json", classes="1,2"):
+    return ["train-image-drafter", "--gpt-ckpt", str(LLAMAGEN / "gpt_c2i.pt"), "--vq-ckpt", str(LLAMAGEN / "vq.pt"),
+            "--gpt-config", str(LLAMAGEN / config), "--vq-config", str(LLAMAGEN / "vq_config.json"), "--image-size",
+            "8", "--classes", classes, "--images-per-prompt", "2", "--out", str(out), "--steps", "3", "--batch-size",
+            "2", "--checkpoint-every", "2", "--sample-batch-size", "3", "--cfg-scale", "2", "--top-k", "16",
+            "--seed", "5", "--device", "cpu", *extra]
+
+
+@pytest.mark.skipif(not LLAMAGEN.is_dir(), reason="LlamaGen fixtures not available")
+def test_llamagen_checkpoints_train_the_librarys_drafter_which_sample_images_then_uses(tmp_path, capsys):
+    from specmm.image_ar import LlamaGen
+
+    lg = LlamaGen.from_checkpoint(LLAMAGEN / "gpt_c2i.pt", LLAMAGEN / "vq.pt", str(LLAMAGEN / "gpt_c2i_config.json"),
+                                  str(LLAMAGEN / "vq_config.json"), image_size=8)
+    expected = train_image_drafter(lg, torch.tensor([1, 2]), cfg_scale=2.0, top_k=16, images_per_prompt=2, seed=5,
+                                   progress=False, config=DrafterTrainConfig(steps=3, batch_size=2)).head.state_dict()
+    out = tmp_path / "drafter"
+    assert main(llamagen_args(out)) == 0
+    weights = load_file(out / "model.safetensors")
+    assert set(weights) == set(expected) and all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert "sample-images --gpt-ckpt" in capsys.readouterr().out
+    images = tmp_path / "images"
+    assert main(["sample-images", *llamagen_args(images)[1:11], "--classes", "3", "--per-class", "1", "--method",
+                 "lantern", "--drafter", str(out), "--top-k", "16", "--out", str(images), "--device", "cpu"]) == 0
+    assert (images / "class0003_000.png").is_file()
+    assert main(llamagen_args(out, "--seed", "6")) == 2  # another job in the folder
+    assert "seed: 5 -> 6" in capsys.readouterr().err
+    for changed, message in ((dict(classes="1,10"), "--classes: class ids must be in [0, 10)"),
+                             (dict(config="gpt_t2i_config.json"), "--gpt-config: a t2i GPT")):
+        assert main(llamagen_args(tmp_path / "other", **changed)) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "other").exists()  # before the job's folder
+    mixed = [*llamagen_args(tmp_path / "other"), "--model", str(tmp_path)]
+    assert main(mixed) == 2 and "--model: a stock generator folder takes --prompts, not" in capsys.readouterr().err
