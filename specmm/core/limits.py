@@ -10,6 +10,9 @@
   below it every forward uses the same frequencies as `generate`.
 - ALiBi models (Bloom, MPT, Falcon with alibi=True) build their biases from a 2-D padding mask inside HF and
   cannot take tree masks with explicit positions: refused.
+- Recurrent models (transformers' `_is_stateful`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
+  state a rejected draft cannot be cut from, so the key/value-cache target and drafters refuse them; Mamba2 and
+  its hybrids have the SSM adapter (`specmm.ssm`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,17 @@ def check_position_scheme(model: nn.Module, role: str) -> None:
             f"{role}: {type(model).__name__} uses ALiBi attention biases, which HF builds from a 2-D padding mask; "
             "specmm verifies trees through 4-D attention masks and explicit position ids, which ALiBi models "
             "cannot take. Use a RoPE or absolute-position model")
+
+
+def check_rollback(model: nn.Module, role: str) -> None:
+    """Raise ValueError (naming `role`) for a model whose cache is a recurrent state, which the key/value-cache
+    adapters cannot roll back to a row's accepted prefix (its outputs would be silently wrong, not an error)."""
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(
+            f"{role}: {type(model).__name__} keeps a recurrent state (transformers marks it stateful), which "
+            "specmm's key/value-cache adapters cannot roll back to the accepted tokens after a rejected draft. "
+            "As a target, Mamba2 and its hybrids go through the SSM adapter (specmm.ssm.SUPPORTED_MODELS); as a "
+            "drafter, use an attention model")
 
 
 def position_limit(model: nn.Module) -> int | None:

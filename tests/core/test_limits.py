@@ -1,4 +1,5 @@
-"""Position schemes of stock checkpoints: absolute tables up to their last row, switching RoPE, ALiBi refused."""
+"""Position schemes of stock checkpoints: absolute tables up to their last row, switching RoPE, ALiBi refused;
+recurrent and conv-state models refused by the key/value-cache adapters."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from transformers import (
     GPT2LMHeadModel,
     MptConfig,
     MptForCausalLM,
+    Lfm2Config,
+    Lfm2ForCausalLM,
     OPTConfig,
     OPTForCausalLM,
+    RecurrentGemmaConfig,
+    RecurrentGemmaForCausalLM,
+    RwkvConfig,
+    RwkvForCausalLM,
+    xLSTMConfig,
+    xLSTMForCausalLM,
 )
 
 import specmm
@@ -119,6 +128,36 @@ def test_alibi_models_are_refused_as_target_and_drafter(name):
         specmm.SpeculativeGenerator(model, PromptLookupDrafter())
     with pytest.raises(ValueError, match=f"drafter: {cls} uses ALiBi attention biases"):
         ModelDrafter(model)
+
+
+# model, what refuses it: before the check, RWKV decoded silently wrong tokens (its `state` ignored the cache)
+STATE_MODELS = {
+    "rwkv": (lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                attention_hidden_size=32, intermediate_size=64)), "recurrent"),
+    "xlstm": (lambda: xLSTMForCausalLM(xLSTMConfig(vocab_size=VOCAB, hidden_size=32, embedding_dim=32, num_heads=2,
+                                                   num_blocks=1)), "recurrent"),
+    "recurrent_gemma": (lambda: RecurrentGemmaForCausalLM(RecurrentGemmaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        lru_width=32)), "recurrent"),
+    "lfm2": (lambda: Lfm2ForCausalLM(Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                               layer_types=["conv", "full_attention"])), "conv"),
+}
+
+
+@pytest.mark.parametrize("name", list(STATE_MODELS))
+def test_models_with_a_state_no_draft_can_be_cut_from_are_refused_as_target_and_drafter(name):
+    build, kind = STATE_MODELS[name]
+    model = build().eval()
+    message = (f"{type(model).__name__} keeps a recurrent state" if kind == "recurrent" else
+               r"layer types \['conv'\] are not supported")
+    with pytest.raises(ValueError, match=message):
+        specmm.SpeculativeGenerator(model, PromptLookupDrafter())
+    with pytest.raises(ValueError, match=message):
+        ModelDrafter(model)
+    if kind == "recurrent":
+        with pytest.raises(ValueError, match=f"draft: {type(model).__name__} keeps a recurrent state"):
+            specmm.reasoning.StepSpeculator(tiny_model("llama"), model, tokenizer=None)
 
 
 def test_no_tree_node_past_a_rows_token_budget_is_verified(monkeypatch):
