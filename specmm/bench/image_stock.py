@@ -2,11 +2,12 @@
 
 One process, the same prompts, greedy decoding by default (T=0), so every row's tokens can be compared with HF's,
 or sampled (`--temperature`, `--top-k`: what acceptance is in use, SJD's case), where each lossless row's greedy
-tokens of the same batch are checked against HF's instead: HF's image `generate` is the reference row (with `--compile` also HF's static cache with the decode step compiled: the
-fastest plain decoding a user of the stock model gets); specmm's AR, exact SD and SJD (Jacobi windows) and GSD run
-through `ImageSampler.for_model`. Columns: step compression (image tokens per target forward) and latency against
-HF's own loop at the same shapes (`overhead efficiency` = speedup over HF / step compression: specmm's per-step
-cost relative to HF's, 1.0 meaning none).
+tokens of the same batch are checked against HF's instead. HF's image `generate` is the reference row (with
+`--compile` also HF's static cache with the decode step compiled: the fastest plain decoding a user of the stock
+model gets); specmm's AR, exact SD and SJD (Jacobi windows) and GSD run through `ImageSampler.for_model`.
+Columns: step compression (image tokens per target forward) and latency against HF's own loop at the same shapes
+(`overhead efficiency` = speedup over HF / step compression: specmm's per-step cost relative to HF's, 1.0 meaning
+none).
 """
 
 from __future__ import annotations
