@@ -10,6 +10,7 @@
   below it every forward uses the same frequencies as `generate`.
 - ALiBi models (Bloom, MPT, Falcon with alibi=True) build their biases from a 2-D padding mask inside HF and
   cannot take tree masks with explicit positions: refused.
+- Encoder-decoder models are refused: the adapters run decoder-only LMs.
 - Recurrent models (transformers' `_is_stateful`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
   state a rejected draft cannot be cut from, so the key/value-cache target and drafters refuse them; Mamba2 and
   its hybrids have the SSM adapter (`specmm.ssm`).
@@ -48,9 +49,15 @@ def check_position_scheme(model: nn.Module, role: str) -> None:
             "cannot take. Use a RoPE or absolute-position model")
 
 
-def check_rollback(model: nn.Module, role: str) -> None:
-    """Raise ValueError (naming `role`) for a model whose cache is a recurrent state, which the key/value-cache
-    adapters cannot roll back to a row's accepted prefix (its outputs would be silently wrong, not an error)."""
+def check_decoder_cache(model: nn.Module, role: str) -> None:
+    """Raise ValueError (naming `role`) unless the model is a decoder-only LM whose key/value cache the adapters
+    can address: an encoder-decoder model decodes from encoder states they never make, and a recurrent state
+    cannot be rolled back to a row's accepted prefix (its outputs would be silently wrong, not an error)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{role}: {type(model).__name__} is an encoder-decoder model; specmm speculates for decoder-only "
+            "language models (a *ForCausalLM, or a vision-language model's decoder)")
     if getattr(model, "_is_stateful", False):
         raise ValueError(
             f"{role}: {type(model).__name__} keeps a recurrent state (transformers marks it stateful), which "

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
 from specmm.core.compiled import GRAPHED, StaticPlan, compiled_forward
-from specmm.core.limits import check_position_scheme, check_rollback, position_limit
+from specmm.core.limits import check_position_scheme, check_decoder_cache, position_limit
 from specmm.core.slot_cache import SlotRowCache
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.tree import DraftTree
@@ -325,7 +325,7 @@ class HFCausalLMTarget(RunnerOwner):
     def __init__(self, model: nn.Module):
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
             raise ValueError(f"target: {type(model).__name__} has no language-model head (expected a *ForCausalLM)")
-        check_rollback(model, "target")
+        check_decoder_cache(model, "target")
         attention_backend(model)
         mask_layout(model)  # layer kinds a key/value cache cannot serve (conv, linear attention): refused now
         check_position_scheme(model, "target")

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.drafters import ModelDrafter
-from specmm.core.limits import check_rollback
+from specmm.core.limits import check_decoder_cache
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import GenerationStats, ReasoningExtras
 from specmm.core.target import HFCausalLMTarget, attention_backend, model_device, output_vocab_size
@@ -162,7 +162,7 @@ class StepSpeculator:
             if model is not None:
                 if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
                     raise ValueError(f"{name}: {type(model).__name__} has no language-model head")
-                check_rollback(model, name)
+                check_decoder_cache(model, name)
                 attention_backend(model)
         self.vocab_size = output_vocab_size(target)
         if draft is not None and output_vocab_size(draft) != self.vocab_size:

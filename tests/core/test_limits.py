@@ -22,6 +22,8 @@ from transformers import (
     RecurrentGemmaForCausalLM,
     RwkvConfig,
     RwkvForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
     xLSTMConfig,
     xLSTMForCausalLM,
 )
@@ -130,7 +132,8 @@ def test_alibi_models_are_refused_as_target_and_drafter(name):
         ModelDrafter(model)
 
 
-# model, what refuses it: before the check, RWKV decoded silently wrong tokens (its `state` ignored the cache)
+# model, what refuses it: before the check, RWKV decoded silently wrong tokens (its `state` ignored the cache), T5
+# failed inside HF ("You must specify exactly one of input_ids or inputs_embeds")
 STATE_MODELS = {
     "rwkv": (lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                                 attention_hidden_size=32, intermediate_size=64)), "recurrent"),
@@ -139,6 +142,8 @@ STATE_MODELS = {
     "recurrent_gemma": (lambda: RecurrentGemmaForCausalLM(RecurrentGemmaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         lru_width=32)), "recurrent"),
+    "t5": (lambda: T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=1,
+                                                       num_heads=2, d_kv=16)), "encoder-decoder"),
     "lfm2": (lambda: Lfm2ForCausalLM(Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                                layer_types=["conv", "full_attention"])), "conv"),
@@ -149,8 +154,9 @@ STATE_MODELS = {
 def test_models_with_a_state_no_draft_can_be_cut_from_are_refused_as_target_and_drafter(name):
     build, kind = STATE_MODELS[name]
     model = build().eval()
-    message = (f"{type(model).__name__} keeps a recurrent state" if kind == "recurrent" else
-               r"layer types \['conv'\] are not supported")
+    message = {"recurrent": f"{type(model).__name__} keeps a recurrent state",
+               "encoder-decoder": f"{type(model).__name__} is an encoder-decoder model",
+               "conv": r"layer types \['conv'\] are not supported"}[kind]
     with pytest.raises(ValueError, match=message):
         specmm.SpeculativeGenerator(model, PromptLookupDrafter())
     with pytest.raises(ValueError, match=message):
