@@ -117,7 +117,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the images, the head and the batches")
     p.add_argument("--force", action="store_true", help="discard what --out holds and start over")
     p.add_argument("--device", type=device_arg, default=default_device())
-    p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="weights dtype")
+    p.add_argument("--dtype", type=dtype_arg, default=torch.float32,
+                   help="weights dtype (LlamaGen: the GPT's, its VQ decoder stays float32)")
     p.set_defaults(func=cmd_train_image_drafter)
 
 

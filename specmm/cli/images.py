@@ -172,6 +172,7 @@ def load_llamagen(args, device):
     with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
         lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
                                       image_size=args.image_size).to(device)
+    lg.gpt.to(args.dtype)  # the GPT (and so a drafter) in --dtype, as upstream samples in bf16; the VQ stays float32
     settings = {**llamagen_settings(args), "image_size": lg.image_size}
     return lg, classes, lambda labels: torch.tensor(labels), settings
 
@@ -180,8 +181,11 @@ def llamagen_settings(args) -> dict:
     """What of a LlamaGen job's source changes its output: the checkpoints' fingerprints and the configs."""
     from specmm.jobs import fingerprint
 
-    return {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt), "gpt_config": str(args.gpt_config),
-            "vq_config": str(args.vq_config)}
+    settings = {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt),
+                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+    if args.dtype != torch.float32:  # float32 jobs keep the settings they had before --dtype served LlamaGen
+        settings["dtype"] = str(args.dtype)
+    return settings
 
 
 def load_stock(args, device):
@@ -288,7 +292,8 @@ def add_parser(sub) -> None:
                                              "prompts with a stock generator folder (Janus-Pro: --model --prompts)")
     p.add_argument("--model", help="stock image generator folder (save_pretrained: model + processor), e.g. Janus-Pro")
     p.add_argument("--prompts", help="with --model: text file, one prompt per line (images named promptNNNN_MMM.png)")
-    p.add_argument("--dtype", type=dtype_arg, default=torch.float32, help="with --model: weights dtype")
+    p.add_argument("--dtype", type=dtype_arg, default=torch.float32,
+                   help="weights dtype (LlamaGen: the GPT's, its VQ decoder stays float32)")
     p.add_argument("--latent-size", type=latent_size_arg,
                    help="with --model, for generators of any size (Emu3): HxW latent tokens (default: the processor's)")
     p.add_argument("--negative-prompt", help="with --model, for generators that take one (Emu3): the text guidance "

@@ -93,3 +93,23 @@ def test_sample_images_compile_writes_the_same_images(tmp_path, monkeypatch):
     for out, flag in zip(outs, ([], ["--compile"])):
         assert main([*ARGS, "--classes", "1", "--method", "ar", "--out", str(out), *flag]) == 0
     assert pngs(outs[0]) == pngs(outs[1]) and len(pngs(outs[1])) == 2
+
+
+def test_dtype_puts_the_llamagen_gpt_in_it_and_the_job_records_it(tmp_path, monkeypatch):
+    """--dtype bfloat16: the sampler's GPT (and so its drafter) runs in bf16, the VQ decoder in float32; float32
+    jobs keep the settings they had before (no dtype key), so their resumes still match."""
+    import torch
+
+    import specmm.image_ar.methods as methods
+
+    seen = []
+    real = methods.make_sampler
+    monkeypatch.setattr(methods, "make_sampler", lambda model, *a, **kw: seen.append(model) or real(model, *a, **kw))
+    out = tmp_path / "bf16"
+    assert main([*ARGS, "--classes", "1", "--method", "sjd", "--dtype", "bfloat16", "--out", str(out)]) == 0
+    lg = seen[-1]
+    assert lg.gpt.tok_embeddings.weight.dtype == torch.bfloat16 and next(lg.vq.parameters()).dtype == torch.float32
+    assert json.loads((out / "job.json").read_text())["settings"]["dtype"] == "torch.bfloat16"
+    assert len(pngs(out)) == 2
+    assert main([*ARGS, "--classes", "1", "--method", "sjd", "--out", str(tmp_path / "f32")]) == 0
+    assert "dtype" not in json.loads((tmp_path / "f32" / "job.json").read_text())["settings"]
