@@ -15,6 +15,8 @@ import torch
 from transformers import (
     GemmaConfig,
     GemmaForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -44,12 +46,19 @@ ARCHITECTURES = {
     "gemma": (GemmaConfig, GemmaForCausalLM, {"head_dim": 8, "tie_word_embeddings": False}),
     "phi3": (Phi3Config, Phi3ForCausalLM, {}),
 }
+# built by tiny_model, outside the all-architecture tests (whose acceptance checks suit the ones above)
+MORE_ARCHITECTURES = {
+    # a chunked-attention layer (chunks of 6 positions, crossed by every run), then a NoPE full one with MoE
+    "llama4": (Llama4TextConfig, Llama4ForCausalLM, {"head_dim": 8, "attention_chunk_size": 6, "no_rope_layers": [1, 0],
+                                                     "intermediate_size_mlp": 64, "num_local_experts": 2,
+                                                     "interleave_moe_layer_step": 2}),
+}
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, logit_scale: float = 1.0,
                **overrides):
     """A tiny random-weight model of `arch`; `logit_scale` sharpens its distributions."""
-    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    config_cls, model_cls, extra = {**ARCHITECTURES, **MORE_ARCHITECTURES}[arch]
     config = config_cls(**{**_COMMON, **extra, "vocab_size": vocab, **overrides})
     config._attn_implementation = overrides.pop("attn_implementation", "sdpa")
     torch.manual_seed(seed)

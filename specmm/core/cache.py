@@ -54,14 +54,25 @@ class RowCache:
         self._round_attend = grown
         return mask[:, None]
 
-    def windowed(self, mask: Tensor, window: int) -> Tensor:
-        """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
+    def slot_positions(self, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(queries [B, n], keys [B, S]): the position of each new slot and of every slot of a [B, 1, n, S] mask
+        from `open_slots`."""
         batch = mask.shape[0]
         committed = mask.shape[-1] - self.round_length  # the new slots are registered but not yet run
         keys = torch.cat([torch.arange(committed, device=mask.device).expand(batch, committed),
-                          *self._round_positions], dim=1)  # [B, S] position of every slot
-        queries = self._round_positions[-1]  # [B, n]
+                          *self._round_positions], dim=1)
+        return self._round_positions[-1], keys
+
+    def windowed(self, mask: Tensor, window: int) -> Tensor:
+        """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
+        queries, keys = self.slot_positions(mask)
         return mask & (queries[:, :, None] - keys[:, None, :] < window)[:, None]
+
+    def chunked(self, mask: Tensor, chunk: int) -> Tensor:
+        """Restrict a [B, 1, n, S] mask from `open_slots` to keys in the query's block of `chunk` positions (HF's
+        chunked attention: position // chunk equal; its left-padding shift is positions starting at 0)."""
+        queries, keys = self.slot_positions(mask)
+        return mask & (queries[:, :, None] // chunk == keys[:, None, :] // chunk)[:, None]
 
     def round_attend(self, parent_slots: Tensor) -> Tensor:
         """[B, n] parent round slot (-1 = none) -> [B, n, R + n] attend rows: the parent's view plus self."""

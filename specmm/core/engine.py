@@ -235,7 +235,8 @@ class SpeculativeGenerator:
                                          or not 0 <= pad_token_id < vocab):
             raise ValueError(f"pad_token_id: expected an id in [0, {vocab}) (argument or the model's "
                              f"generation_config), got {pad_token_id!r}")
-        check_generation_positions(getattr(self.target, "model", None), attention_mask, max_new_tokens)
+        check_generation_positions(getattr(self.target, "model", None), attention_mask, max_new_tokens,
+                                   cache_slots=self.static_plan(attention_mask.shape[1], max_new_tokens).max_len)
         if generator is not None and not isinstance(generator, torch.Generator):
             if len(generator) != input_ids.shape[0]:
                 raise ValueError(f"generator: expected one generator or {input_ids.shape[0]} (one per row), "

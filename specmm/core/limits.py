@@ -99,9 +99,24 @@ def switching_ropes(model: nn.Module) -> list[tuple[str, int]]:
     return found
 
 
-def check_generation_positions(model: Any, attention_mask: Tensor, max_new_tokens: int) -> None:
+def tuned_query_slot(model: nn.Module) -> int | None:
+    """Llama 4's NoPE layers scale their queries by log1p(floor((slot + 1) / floor_scale)) (`attn_temperature_tuning`,
+    the slot counted from the cache's length, not from position ids): 1 until slot floor_scale - 1, which this
+    returns (None for models without it)."""
+    if getattr(model, "config", None) is None:
+        return None
+    text = _text_config(model)
+    nope = 0 in (getattr(text, "no_rope_layers", None) or [])  # 1: the layer uses RoPE, 0: NoPE
+    if not (nope and getattr(text, "attn_temperature_tuning", False)):
+        return None
+    return int(text.floor_scale) - 1
+
+
+def check_generation_positions(model: Any, attention_mask: Tensor, max_new_tokens: int,
+                               cache_slots: int | None = None) -> None:
     """Raise ValueError, before any forward, when a generation would need positions the model cannot give
-    exactly: past an absolute position table, or across a position-dependent RoPE switch.
+    exactly: past an absolute position table, across a position-dependent RoPE switch, or (given `cache_slots`,
+    the most slots a generation's caches hold) into the slots where Llama 4 starts to scale its NoPE queries.
 
     attention_mask: [B, L] of the prompt. The largest position any forward runs is longest + max_new_tokens - 2
     (the last new token is never run), both for `generate` and for specmm's budget-cut trees.
@@ -125,6 +140,14 @@ def check_generation_positions(model: Any, attention_mask: Tensor, max_new_token
                 f"reach further than step-by-step decoding), so tokens past it could differ from generate. The "
                 f"longest prompt row ({longest} tokens) plus {max_new_tokens} new tokens needs {needed} positions; "
                 f"use max_new_tokens <= {threshold + 1 - longest}")
+    tuned = tuned_query_slot(model)
+    if tuned is not None and cache_slots is not None and cache_slots > tuned:
+        raise ValueError(
+            f"max_new_tokens: {name} scales the queries of its NoPE layers by their cache slot from slot {tuned} on "
+            f"(attn_temperature_tuning), counting slots as generate fills its cache; specmm's caches also hold a "
+            f"tree round (and left padding), so past that slot tokens could differ from generate. The prompt "
+            f"({attention_mask.shape[1]} slots) plus {max_new_tokens} new tokens and a round need up to "
+            f"{cache_slots} slots: use a shorter generation (or a config with attn_temperature_tuning=False)")
 
 
 def check_tree_vocab(spec: TreeSpec, vocab_size: int) -> None:

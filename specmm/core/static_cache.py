@@ -146,14 +146,12 @@ class StaticRowCache(RowCache):
         mask = self._compiled[0] if self._fast_round else round_mask
         return mask(attend, self.slots, self.round_start, self.lengths)
 
-    def windowed(self, mask: Tensor, window: int) -> Tensor:
-        """Restrict a [B, 1, n, S] mask from `open_slots` to keys less than `window` positions back."""
+    def slot_positions(self, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(queries [B, n], keys [B, S]): the position of each new slot and of every slot of the cache."""
         batch = mask.shape[0]
         index, inside = round_index(self.slots, self.round_start, self.round_length)
         round_positions = torch.cat(self._round_positions, 1).gather(1, index.expand(batch, -1))  # [B, S]
-        keys = torch.where(inside, round_positions, self.slots)  # [B, S] position of every slot
-        queries = self._round_positions[-1]  # [B, n]
-        return mask & (queries[:, :, None] - keys[:, None, :] < window)[:, None]
+        return self._round_positions[-1], torch.where(inside, round_positions, self.slots)
 
     def commit(self, slots: Tensor, counts: Tensor) -> None:
         """Keep round slots `slots[b, :counts[b]]` for row b (in that order); drop the rest of the round."""

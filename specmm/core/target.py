@@ -78,21 +78,38 @@ def final_norm(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def mask_layout(model: nn.Module) -> tuple[str, int | None]:
-    """('full' | 'sliding' | 'mixed', window): which attention masks the model's layers need."""
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")  # the layer types HF names
+
+
+@dataclass(frozen=True)
+class MaskLayout:
+    """Which attention masks a model's layers need: `kinds` (from ATTENTION_KINDS, full first), the sliding
+    layers' `window` (keys less than window positions back) and the chunked layers' `chunk` (keys in the query's
+    block of chunk positions: Llama 4)."""
+
+    kinds: tuple[str, ...]
+    window: int | None = None
+    chunk: int | None = None
+
+
+def mask_layout(model: nn.Module) -> MaskLayout:
+    """The model's `MaskLayout`; ValueError for layer kinds a key/value cache cannot serve (conv, linear
+    attention). A sliding or chunked kind without its size is full attention, as HF builds it."""
     text = model.config.get_text_config()
     window = getattr(text, "sliding_window", None)
     if getattr(text, "use_sliding_window", True) is False:
         window = None
+    chunk = getattr(text, "attention_chunk_size", None)
     layer_types = set(getattr(text, "layer_types", None) or [])
-    unsupported = layer_types - {"full_attention", "sliding_attention"}
+    unsupported = layer_types - set(ATTENTION_KINDS)
     if unsupported:
         raise ValueError(f"model: layer types {sorted(unsupported)} are not supported by the HF target adapter")
-    if window is None or layer_types == {"full_attention"}:
-        return "full", None
-    if layer_types == {"full_attention", "sliding_attention"}:
-        return "mixed", window
-    return "sliding", window
+    if not layer_types:  # no per-layer types: every layer slides when the config has a window
+        layer_types = {"sliding_attention" if window is not None else "full_attention"}
+    sized = {"sliding_attention": window, "chunked_attention": chunk}
+    kinds = {kind if sized.get(kind, 1) is not None else "full_attention" for kind in layer_types}
+    return MaskLayout(tuple(k for k in ATTENTION_KINDS if k in kinds), window if "sliding_attention" in kinds else None,
+                      chunk if "chunked_attention" in kinds else None)
 
 
 class ModelRunner:
@@ -103,7 +120,7 @@ class ModelRunner:
         self.model = model
         self.cache_keyword = cache_keyword(model)
         self.backend = attention_backend(model)
-        self.layout, self.window = mask_layout(model)
+        self.layout = mask_layout(model)
         self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
         self.compiled = None
         if static is None:  # row_slots: sub-batches are views of one set of buffers (`SlotRowCache`)
@@ -142,13 +159,9 @@ class ModelRunner:
         # prefills (logits_to_keep, or the first forward) stay eager: one shape per prompt length
         fast = self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated
         full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend, fast=fast)
-        if self.layout == "full":
-            mask = self._format(full)
-        elif self.layout == "sliding":
-            mask = self._format(self.cache.windowed(full, self.window))
-        else:  # one mask per layer type, as HF models with mixed layers accept
-            mask = {"full_attention": self._format(full),
-                    "sliding_attention": self._format(self.cache.windowed(full, self.window))}
+        masks = {kind: self._format(self._restricted(kind, full)) for kind in self.layout.kinds}
+        # one kind: its mask; several: one per layer type, as HF models with mixed layers accept (full among them)
+        mask = next(iter(masks.values())) if len(masks) == 1 else {"full_attention": self._format(full), **masks}
         call = self.compiled if fast else self.model
         out = call(attention_mask=mask, position_ids=positions, use_cache=True,
                    **{self.cache_keyword: self.cache.cache}, **inputs)
@@ -156,6 +169,14 @@ class ModelRunner:
         if graphed and self._captured is not None and not torch.compiler.is_compiling():
             self._captured = self._captured.clone()  # the hook kept a CUDA graph's output buffer (`graph_state`)
         return out
+
+    def _restricted(self, kind: str, full: Tensor) -> Tensor:
+        """The [B, 1, n, S] mask of layers of `kind` from the causal tree mask `full`."""
+        if kind == "sliding_attention":
+            return self.cache.windowed(full, self.layout.window)
+        if kind == "chunked_attention":
+            return self.cache.chunked(full, self.layout.chunk)
+        return full
 
     def _format(self, mask: Tensor) -> Tensor:
         """Bool masks for sdpa; additive float masks for eager attention."""

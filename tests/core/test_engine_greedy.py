@@ -127,6 +127,21 @@ def test_greedy_mixed_full_and_sliding_layers_equal_target_generate():
     assert torch.equal(out.sequences, reference)
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_greedy_chunked_attention_layers_equal_target_generate(compile, monkeypatch):
+    """Llama 4's chunked layers (keys in the query's block of positions) get their own mask next to the full
+    layers', in a ragged batch with EOS, chains and trees alike, eager and compiled (dynamo's graphs, no codegen)."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
+    target, drafters, ids, mask, eos, reference = setup("llama4")
+    assert set(target.config.layer_types) == {"chunked_attention", "full_attention"}
+    for spec in ("dynamic",) if compile else ("chain3", "static", "dynamic"):
+        gen = specmm.SpeculativeGenerator(target, ModelDrafter(drafters["perturbed"]), tree=SPECS[spec],
+                                          compile=compile)
+        out = gen.generate(ids, attention_mask=mask, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
+        assert torch.equal(out.sequences, reference), spec
+        assert sum(out.stats.accepted_histogram[1:]) > 0
+
+
 def test_int32_input_ids_give_the_same_tokens():
     target, drafters, ids, mask, eos, reference = setup("llama")
     for drafter in (ModelDrafter(drafters["perturbed"]), PromptLookupDrafter(ngram=2, k=5)):

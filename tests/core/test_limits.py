@@ -132,6 +132,21 @@ def test_alibi_models_are_refused_as_target_and_drafter(name):
         ModelDrafter(model)
 
 
+def test_llama4_temperature_tuned_queries_are_exact_below_their_slot_and_refused_past_it():
+    """Llama 4 scales its NoPE layers' queries by the cache slot from slot floor_scale - 1 on (counted as generate
+    fills its cache, while specmm's caches also hold a round): generations whose caches stay below it equal
+    generate's; longer ones are refused before any forward."""
+    target = tiny_model("llama4", floor_scale=200)
+    ids, mask = left_padded_batch(PROMPT_LENGTHS, seed=2)  # 11 slots: 11 + 100 + a chain-3 round fit in 128 < 199
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=100, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=specmm.TreeSpec.chain(3))
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=100).sequences, reference)
+    forwards = counting(target)
+    with pytest.raises(ValueError, match="scales the queries of its NoPE layers by their cache slot from slot 199"):
+        gen.generate(ids, attention_mask=mask, max_new_tokens=190)
+    assert forwards == []
+
+
 # model, what refuses it: before the check, RWKV decoded silently wrong tokens (its `state` ignored the cache), T5
 # failed inside HF ("You must specify exactly one of input_ids or inputs_embeds")
 STATE_MODELS = {
