@@ -50,8 +50,22 @@ CONFIGS: dict[str, dict] = {
     "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
                         head_dim=8, num_key_value_heads=4, n_routed_experts=4, first_k_dense_replace=1, n_group=1,
                         topk_group=1, **MOE),
+    # stop 51: chunked attention (Llama 4), older and MoE families
+    "llama4_text": dict(head_dim=8, attention_chunk_size=6, no_rope_layers=[1, 0], intermediate_size_mlp=64,
+                        num_local_experts=2, interleave_moe_layer_step=2),
+    "glm4": dict(head_dim=8), "glm4_moe": dict(head_dim=8, n_routed_experts=4, first_k_dense_replace=1, n_group=1,
+                                               topk_group=1, **MOE),
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2), "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "nemotron": dict(head_dim=8), "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                                                       moe_layer_start_index=1),
+    "gptj": dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256),
+    "gpt_bigcode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=256),
+    "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "global"], 1]]),  # local: refused
+    "persimmon": {}, "dots1": dict(head_dim=8, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                                   n_group=1, topk_group=1, **MOE),
 }
-FLOAT32 = ("gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3")
+FLOAT32 = ("gemma2", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4_text", "glm4_moe",
+           "phimoe", "olmoe", "ernie4_5_moe", "dots1")
 TREES = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)}
 
 

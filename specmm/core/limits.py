@@ -9,7 +9,8 @@
   reaches further than HF's one-token steps, so a generation that could cross the switching point is refused;
   below it every forward uses the same frequencies as `generate`.
 - ALiBi models (Bloom, MPT, Falcon with alibi=True) build their biases from a 2-D padding mask inside HF and
-  cannot take tree masks with explicit positions: refused.
+  cannot take tree masks with explicit positions: refused. So are GPT-Neo's local layers, which window by cache
+  index inside the model.
 - Encoder-decoder models are refused: the adapters run decoder-only LMs.
 - Recurrent models (transformers' `_is_stateful`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
   state a rejected draft cannot be cut from, so the key/value-cache target and drafters refuse them; Mamba2 and
@@ -47,6 +48,12 @@ def check_position_scheme(model: nn.Module, role: str) -> None:
             f"{role}: {type(model).__name__} uses ALiBi attention biases, which HF builds from a 2-D padding mask; "
             "specmm verifies trees through 4-D attention masks and explicit position ids, which ALiBi models "
             "cannot take. Use a RoPE or absolute-position model")
+    if "local" in (getattr(getattr(model, "config", None), "attention_layers", None) or []):
+        raise ValueError(
+            f"{role}: {type(model).__name__} has local attention layers (GPT-Neo), whose window the model applies "
+            "itself by cache index (its `bias` buffer), not through the attention mask; tree nodes and ragged rows "
+            "sit at cache indices other than their positions, so their windows would be wrong. Use a model whose "
+            "sliding windows come from the mask (Mistral, Gemma 2/3, Qwen2) or one with global layers only")
 
 
 def check_decoder_cache(model: nn.Module, role: str) -> None:

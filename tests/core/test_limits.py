@@ -12,6 +12,8 @@ from transformers import (
     FalconForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTNeoConfig,
+    GPTNeoForCausalLM,
     MptConfig,
     MptForCausalLM,
     Lfm2Config,
@@ -111,6 +113,29 @@ def test_switching_rope_is_exact_below_the_switch_and_refused_across_it(build, k
     with pytest.raises(ValueError, match=f"max_new_tokens: .* uses '{kind}' RoPE.*max_new_tokens <= {new}"):
         gen.generate(ids, attention_mask=mask, max_new_tokens=new + 1)
     assert forwards == []
+
+
+def test_gpt_neo_local_attention_layers_are_refused_and_global_ones_decode_exactly():
+    """GPT-Neo windows its local layers by cache index inside the model: a dynamic tree over a ragged batch gave
+    other tokens than generate before the refusal; with global layers only, its tokens equal generate's."""
+    def gpt_neo(kinds):
+        torch.manual_seed(0)
+        config = GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, window_size=6,
+                              attention_types=[[kinds, 1]], max_position_embeddings=128, pad_token_id=PAD)
+        model = GPTNeoForCausalLM(config).double().eval()
+        model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, PAD
+        return model
+
+    with pytest.raises(ValueError, match="target: GPTNeoForCausalLM has local attention layers"):
+        specmm.SpeculativeGenerator(gpt_neo(["global", "local"]), PromptLookupDrafter())
+    with pytest.raises(ValueError, match="drafter: GPTNeoForCausalLM has local attention layers"):
+        ModelDrafter(gpt_neo(["local", "global"]))
+    target = gpt_neo(["global", "global"])
+    ids, mask = left_padded_batch([3, 8, 5], seed=4)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)),
+                                      tree=specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8))
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=16).sequences, reference)
 
 
 ALIBI_MODELS = {
