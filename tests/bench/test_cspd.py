@@ -42,7 +42,11 @@ def test_cli_rejects_bad_arguments_before_work(capsys):
     assert "images" in capsys.readouterr().err
 
 
-def test_cli_writes_the_report(models, tmp_path):  # the fixture's SPECMM_HOME holds the tiny build
+def test_cli_writes_the_report(models, tmp_path, monkeypatch):  # the fixture's SPECMM_HOME holds the tiny build
+    import torch
+
+    real_compile = torch.compile  # --compile-heads: dynamo's graphs, no inductor codegen (seconds of the suite's time)
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: real_compile(fn, backend="eager"))
     out = tmp_path / "reports"
     assert main(["bench", "cspd", "--scale", "tiny", "--images", "2", "--batch-size", "2", "--k", "2", "--rules",
                  "trajectory", "--compile-heads", "--out", str(out), "--name", "t"]) == 0
