@@ -10,7 +10,8 @@
   below it every forward uses the same frequencies as `generate`.
 - ALiBi models (Bloom, MPT, Falcon with alibi=True) build their biases from a 2-D padding mask inside HF and
   cannot take tree masks with explicit positions: refused. So are GPT-Neo's local layers, which window by cache
-  index inside the model.
+  index inside the model, and decoders that take no position ids (TrOCR, the decoder halves of BART, Marian and
+  Pegasus): they count positions from their cache length.
 - Encoder-decoder models are refused: the adapters run decoder-only LMs.
 - Recurrent models (transformers' `_is_stateful`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
   state a rejected draft cannot be cut from, so the key/value-cache target and drafters refuse them; Mamba2 and
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import Tensor, nn
@@ -48,6 +50,13 @@ def check_position_scheme(model: nn.Module, role: str) -> None:
             f"{role}: {type(model).__name__} uses ALiBi attention biases, which HF builds from a 2-D padding mask; "
             "specmm verifies trees through 4-D attention masks and explicit position ids, which ALiBi models "
             "cannot take. Use a RoPE or absolute-position model")
+    decoder = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    if isinstance(decoder, nn.Module) and "position_ids" not in inspect.signature(type(decoder).forward).parameters:
+        raise ValueError(
+            f"{role}: {type(model).__name__} counts positions from its cache length (its decoder "
+            f"{type(decoder).__name__} takes no position_ids); tree nodes and ragged rows sit at other cache "
+            "indices than their positions, so they would get other positions than generate gives them. Use a "
+            "model whose decoder takes position_ids (Llama, Qwen, GPT-2, ...)")
     if "local" in (getattr(getattr(model, "config", None), "attention_layers", None) or []):
         raise ValueError(
             f"{role}: {type(model).__name__} has local attention layers (GPT-Neo), whose window the model applies "

@@ -26,6 +26,8 @@ from transformers import (
     RwkvForCausalLM,
     T5Config,
     T5ForConditionalGeneration,
+    TrOCRConfig,
+    TrOCRForCausalLM,
     xLSTMConfig,
     xLSTMForCausalLM,
 )
@@ -173,7 +175,8 @@ def test_llama4_temperature_tuned_queries_are_exact_below_their_slot_and_refused
 
 
 # model, what refuses it: before the check, RWKV decoded silently wrong tokens (its `state` ignored the cache), T5
-# failed inside HF ("You must specify exactly one of input_ids or inputs_embeds")
+# failed inside HF ("You must specify exactly one of input_ids or inputs_embeds"), TrOCR's decoder (no position ids)
+# gave a dynamic tree other tokens than generate on a ragged batch
 STATE_MODELS = {
     "rwkv": (lambda: RwkvForCausalLM(RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                                 attention_hidden_size=32, intermediate_size=64)), "recurrent"),
@@ -184,6 +187,8 @@ STATE_MODELS = {
         lru_width=32)), "recurrent"),
     "t5": (lambda: T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=1,
                                                        num_heads=2, d_kv=16)), "encoder-decoder"),
+    "trocr": (lambda: TrOCRForCausalLM(TrOCRConfig(vocab_size=VOCAB, d_model=32, decoder_layers=1,
+                                                   decoder_attention_heads=2, decoder_ffn_dim=64)), "positions"),
     "lfm2": (lambda: Lfm2ForCausalLM(Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                                layer_types=["conv", "full_attention"])), "conv"),
@@ -196,6 +201,7 @@ def test_models_with_a_state_no_draft_can_be_cut_from_are_refused_as_target_and_
     model = build().eval()
     message = {"recurrent": f"{type(model).__name__} keeps a recurrent state",
                "encoder-decoder": f"{type(model).__name__} is an encoder-decoder model",
+               "positions": f"{type(model).__name__} counts positions from its cache length",
                "conv": r"layer types \['conv'\] are not supported"}[kind]
     with pytest.raises(ValueError, match=message):
         specmm.SpeculativeGenerator(model, PromptLookupDrafter())
