@@ -19,14 +19,19 @@ from specmm.cli.common import (
     float_range,
     latent_size_arg,
     loading,
-    model_folder,
     nonnegative_int,
     positive_int,
     probability,
-    read_text_lines,
     temperature_arg,
 )
-from specmm.cli.images import add_llamagen_arguments, check_source, llamagen_classes, llamagen_settings, load_llamagen
+from specmm.cli.images import (
+    add_llamagen_arguments,
+    check_source,
+    llamagen_classes,
+    llamagen_model,
+    llamagen_settings,
+    stock_prompts,
+)
 
 OWNED = ("config.json", "model.safetensors", "work/*")  # what --force deletes
 
@@ -36,7 +41,7 @@ def cmd_train_image_drafter(args) -> int:
     from specmm.jobs import Job
 
     stock = check_source(args)  # cheap errors (a mix of sources, files, prompts, classes) before any model loads
-    source = _stock_source(args) if stock else _llamagen_source(args)
+    source, conditions = _stock_source(args) if stock else _llamagen_source(args)
     device = torch.device(args.device)
     config = DrafterTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr)
     settings = {**source, "images_per_prompt": args.images_per_prompt, "steps": args.steps,
@@ -44,7 +49,7 @@ def cmd_train_image_drafter(args) -> int:
                 "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
                 "sample_batch_size": args.sample_batch_size}
     with Job(args.out, "train-image-drafter", settings, resume=True, force=args.force, folder=True, owned=OWNED):
-        image_model, conditions = _load(args, device) if stock else _load_llamagen(args, device)
+        image_model = _load(args, device) if stock else llamagen_model(args, device)
         drafter = train_image_drafter(image_model, conditions, cfg_scale=args.cfg_scale, temperature=args.temperature,
                                       top_k=args.top_k, top_p=args.top_p, images_per_prompt=args.images_per_prompt,
                                       config=config, seed=args.seed, checkpoint_dir=f"{args.out}/work",
@@ -58,40 +63,34 @@ def cmd_train_image_drafter(args) -> int:
     return 0
 
 
-def _stock_source(args) -> dict:
-    """A stock folder's job settings, its prompts and latent size checked (cheaply: config.json only)."""
+def _stock_source(args) -> tuple[dict, list[str]]:
+    """(job settings, prompts) of a stock folder, its prompts and latent size checked (cheaply: config.json only)."""
     from specmm.image_ar.models import check_latent_size, folder_class_name
     from specmm.jobs import fingerprint
     from specmm.jobs.content import text_key
 
-    folder = model_folder("--model", args.model)
-    prompts = read_text_lines("--prompts", args.prompts)
-    if not prompts:
-        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    folder, prompts = stock_prompts(args)
     with loading("--model", folder):
         check_latent_size(folder_class_name(folder), args.latent_size)  # before the job takes --out
-    return {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts],
-            "latent_size": args.latent_size and list(args.latent_size), "dtype": str(args.dtype)}
+    settings = {"model": fingerprint(folder), "prompts": [text_key(p) for p in prompts],
+                "latent_size": args.latent_size and list(args.latent_size), "dtype": str(args.dtype)}
+    return settings, prompts
 
 
-def _llamagen_source(args) -> dict:
-    """LlamaGen checkpoints' job settings, the files, config and classes checked before any weights load."""
-    return {**llamagen_settings(args), "image_size": args.image_size, "classes": llamagen_classes(args)}
+def _llamagen_source(args) -> tuple[dict, torch.Tensor]:
+    """(job settings, class ids [C]) of LlamaGen checkpoints, the files, config and classes checked before any
+    weights load."""
+    classes = llamagen_classes(args)
+    return {**llamagen_settings(args), "image_size": args.image_size, "classes": classes}, torch.tensor(classes)
 
 
 def _load(args, device):
-    """(the folder's image model, its prompts)."""
+    """The folder's image model (its latent size is checked by `_stock_source`)."""
     from specmm.image_ar.models import image_model_for, load_pretrained
 
     with loading("--model", args.model):
-        model, processor = load_pretrained(args.model, args.dtype, device)  # its latent size is checked above
-    return image_model_for(model, processor, latent_size=args.latent_size), read_text_lines("--prompts", args.prompts)
-
-
-def _load_llamagen(args, device):
-    """(the LlamaGen, its class ids [C])."""
-    lg, classes, conditions, _ = load_llamagen(args, device)
-    return lg, conditions(classes)
+        model, processor = load_pretrained(args.model, args.dtype, device)
+    return image_model_for(model, processor, latent_size=args.latent_size)
 
 
 def add_parser(sub) -> None:

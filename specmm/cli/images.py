@@ -166,15 +166,22 @@ def check_source(args) -> bool:
 
 def load_llamagen(args, device):
     """(LlamaGen, class ids, class id of each label, job settings) from upstream checkpoints."""
+    classes = llamagen_classes(args)  # bad files, config or classes: refused before the weights load
+    lg = llamagen_model(args, device)
+    settings = {**llamagen_settings(args), "image_size": lg.image_size}
+    return lg, classes, lambda labels: torch.tensor(labels), settings
+
+
+def llamagen_model(args, device):
+    """The checkpoints' LlamaGen on `device` (arguments checked by `llamagen_classes` first), its GPT (and so a
+    drafter) in --dtype, as upstream samples in bf16; the VQ decoder stays float32."""
     from specmm.image_ar import LlamaGen
 
-    classes = llamagen_classes(args)  # bad files, config or classes: refused before the weights load
     with loading("--gpt-ckpt/--vq-ckpt", f"{args.gpt_ckpt} and {args.vq_ckpt}", "LlamaGen checkpoints"):
         lg = LlamaGen.from_checkpoint(args.gpt_ckpt, args.vq_ckpt, args.gpt_config, args.vq_config,
                                       image_size=args.image_size).to(device)
-    lg.gpt.to(args.dtype)  # the GPT (and so a drafter) in --dtype, as upstream samples in bf16; the VQ stays float32
-    settings = {**llamagen_settings(args), "image_size": lg.image_size}
-    return lg, classes, lambda labels: torch.tensor(labels), settings
+    lg.gpt.to(args.dtype)
+    return lg
 
 
 def llamagen_settings(args) -> dict:
@@ -188,6 +195,16 @@ def llamagen_settings(args) -> dict:
     return settings
 
 
+def stock_prompts(args) -> tuple[Path, list[str]]:
+    """The `--model` folder and the `--prompts` lines, checked (a missing folder or file, no prompt) before any
+    model loads."""
+    folder = model_folder("--model", args.model)
+    prompts = read_text_lines("--prompts", args.prompts)
+    if not prompts:
+        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    return folder, prompts
+
+
 def load_stock(args, device):
     """(the folder's ImageModel, prompt line indices, prompts of each batch, job settings) from a folder saved with
     `save_pretrained` (model and processor)."""
@@ -195,10 +212,7 @@ def load_stock(args, device):
     from specmm.jobs import fingerprint
     from specmm.jobs.content import text_key
 
-    folder = model_folder("--model", args.model)
-    prompts = read_text_lines("--prompts", args.prompts)
-    if not prompts:
-        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
+    folder, prompts = stock_prompts(args)
     with loading("--model", folder):
         model, processor = load_pretrained(folder, args.dtype, device, args.latent_size)
     # ValueError naming the class when it is no image generator, or one of a fixed size given --latent-size
@@ -363,5 +377,6 @@ def add_job_arguments(p, batch_size: int) -> None:
 
 
 __all__ = ["OWNED", "ImagesBar", "add_job_arguments", "add_llamagen_arguments", "add_parser", "cmd_sample_images",
-           "finish_job", "image_job", "image_path", "image_seed", "llamagen_classes", "llamagen_settings",
-           "load_llamagen", "parse_classes", "plan_job", "readable_png", "save_batch"]
+           "finish_job", "image_job", "image_path", "image_seed", "llamagen_classes", "llamagen_model",
+           "llamagen_settings", "load_llamagen", "parse_classes", "plan_job", "readable_png", "save_batch",
+           "stock_prompts"]
