@@ -16,15 +16,13 @@ from specmm.core.acceptance import AcceptResult
 from specmm.core.compiled import StaticPlan, compiled_helper, compiles
 from specmm.core.resident import owner_of, resident
 from specmm.core.inplace import write_columns_
-from specmm.core.limits import check_position_scheme, check_decoder_cache
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import (
     ModelRunner,
     PrefillOutput,
     RunnerOwner,
-    attention_backend,
+    check_runnable,
     final_norm,
-    mask_layout,
     model_device,
     output_vocab_size,
 )
@@ -167,10 +165,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
     processes_drafts = True  # draft() takes the target's logits processors (`process`)
 
     def __init__(self, model: nn.Module, features: bool = False):
-        check_decoder_cache(model, "drafter")
-        attention_backend(model)
-        mask_layout(model)  # layer kinds a key/value cache cannot serve (conv, linear attention): refused now
-        check_position_scheme(model, "drafter")
+        check_runnable(model, "drafter")
         if features and final_norm(model) is None:
             raise ValueError(f"draft: cannot find the final norm of {type(model).__name__} to read features")
         self.model = model

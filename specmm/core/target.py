@@ -112,6 +112,15 @@ def mask_layout(model: nn.Module) -> MaskLayout:
                       chunk if "chunked_attention" in kinds else None)
 
 
+def check_runnable(model: nn.Module, role: str) -> None:
+    """ValueError (naming `role`) unless `ModelRunner` can run the model exactly: a decoder-only LM with a key/value
+    cache, an attention backend that takes tree masks, layer kinds it can mask, positions it can give."""
+    check_decoder_cache(model, role)
+    attention_backend(model)
+    mask_layout(model)
+    check_position_scheme(model, role)
+
+
 class ModelRunner:
     """Run a stock HF decoder on per-row caches: node forwards with 4-D masks, ragged extensions, commits."""
 
@@ -121,6 +130,9 @@ class ModelRunner:
         self.cache_keyword = cache_keyword(model)
         self.backend = attention_backend(model)
         self.layout = mask_layout(model)
+        # the masks a forward passes: one kind's, or one per layer type (full among them), as HF's mixed models take
+        kinds = self.layout.kinds
+        self.mask_kinds = kinds if len(kinds) == 1 else tuple(dict.fromkeys(("full_attention", *kinds)))
         self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
         self.compiled = None
         if static is None:  # row_slots: sub-batches are views of one set of buffers (`SlotRowCache`)
@@ -159,9 +171,8 @@ class ModelRunner:
         # prefills (logits_to_keep, or the first forward) stay eager: one shape per prompt length
         fast = self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated
         full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend, fast=fast)
-        masks = {kind: self._format(self._restricted(kind, full)) for kind in self.layout.kinds}
-        # one kind: its mask; several: one per layer type, as HF models with mixed layers accept (full among them)
-        mask = next(iter(masks.values())) if len(masks) == 1 else {"full_attention": self._format(full), **masks}
+        masks = {kind: self._format(self._restricted(kind, full)) for kind in self.mask_kinds}
+        mask = next(iter(masks.values())) if len(masks) == 1 else masks
         call = self.compiled if fast else self.model
         out = call(attention_mask=mask, position_ids=positions, use_cache=True,
                    **{self.cache_keyword: self.cache.cache}, **inputs)
@@ -346,10 +357,7 @@ class HFCausalLMTarget(RunnerOwner):
     def __init__(self, model: nn.Module):
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
             raise ValueError(f"target: {type(model).__name__} has no language-model head (expected a *ForCausalLM)")
-        check_decoder_cache(model, "target")
-        attention_backend(model)
-        mask_layout(model)  # layer kinds a key/value cache cannot serve (conv, linear attention): refused now
-        check_position_scheme(model, "target")
+        check_runnable(model, "target")
         self.model = model
         self.vocab_size = output_vocab_size(model)
         self.device = model_device(model)
