@@ -161,16 +161,24 @@ class ModelRunner:
         """Output of the capture module in the last forward ([B, n, H])."""
         return self._captured
 
-    def forward(self, positions: Tensor, attend: Tensor, **inputs: Any):
-        """Run n new round slots. positions: [B, n] (or [3, B, n] for M-RoPE, axis 0 used for windows);
-        attend: [B, n, R + n] over the round's slots. Positions past an absolute position table are clamped to
-        its last row: only a drafter's nodes reach them (the engine checks the target's positions before any
-        forward and cuts tree nodes past each row's budget), and a worse draft there costs nothing but speed."""
+    def forward(self, positions: Tensor, attend: Tensor, order: Tensor | None = None, **inputs: Any):
+        """Run n new round slots. positions: [B, n] (or [3, B, n] for M-RoPE); attend: [B, n, R + n] over the
+        round's slots; order: [B, n] each slot's index in its row's token sequence (committed slot s is token
+        s), which sliding windows and chunks count in as HF's masks do (by cache position); it defaults to
+        1-D positions and is required with M-RoPE, whose image tokens share positions.
+
+        Positions past an absolute position table are clamped to its last row: only a drafter's nodes reach
+        them (the engine checks the target's positions before any forward and cuts tree nodes past each row's
+        budget), and a worse draft there costs nothing but speed."""
+        if order is None:
+            if positions.dim() != 2:
+                raise ValueError("ModelRunner.forward: M-RoPE positions [3, B, n] need each slot's token order")
+            order = positions
         if self.position_limit is not None:
             positions = positions.clamp(max=self.position_limit - 1)
         # prefills (logits_to_keep, or the first forward) stay eager: one shape per prompt length
         fast = self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated
-        full = self.cache.open_slots(positions if positions.dim() == 2 else positions[0], attend, fast=fast)
+        full = self.cache.open_slots(order, attend, fast=fast)
         masks = {kind: self._format(self._restricted(kind, full)) for kind in self.mask_kinds}
         mask = next(iter(masks.values())) if len(masks) == 1 else masks
         call = self.compiled if fast else self.model
@@ -223,14 +231,15 @@ class ModelRunner:
             self.chain_valid = valid[:, :0]
         earlier = self.chain_valid  # [B, R]
         width = valid.shape[1]
+        start = self.cache.lengths + earlier.sum(1)  # [B] next token of each row's chain
+        order = (start[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
         if positions is None:
-            start = self.cache.lengths + earlier.sum(1)  # [B] next position of each row's chain
-            positions = (start[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+            positions = order
         causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
         eye = torch.eye(width, dtype=torch.bool, device=valid.device)
         block = (causal & valid[:, None, :] & valid[:, :, None]) | eye  # [B, P, P]
         attend = torch.cat([earlier[:, None, :] & valid[:, :, None], block], -1)  # [B, P, R + P]
-        out = self.forward(positions, attend, **inputs)
+        out = self.forward(positions, attend, order, **inputs)
         self.chain_valid = torch.cat([earlier, valid], 1)
         return out
 

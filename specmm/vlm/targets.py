@@ -462,8 +462,9 @@ class Qwen2_5_VLTarget(VLMTarget):
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:
         self.check_roots(tree)
-        positions = self.runner.cache.lengths[:, None] + tree.depth + self.rope_deltas  # [B, T]
-        out = self.runner.forward(positions.expand(3, -1, -1), tree.ancestors, input_ids=tree.tokens)
+        order = self.runner.cache.lengths[:, None] + tree.depth  # [B, T] token index of each node
+        positions = (order + self.rope_deltas).expand(3, -1, -1)  # [3, B, T]
+        out = self.runner.forward(positions, tree.ancestors, order, input_ids=tree.tokens)
         return TargetOutput(logits=out.logits, features=self.runner.captured)
 
     def select_rows(self, rows: Tensor) -> None:

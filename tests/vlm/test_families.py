@@ -157,10 +157,11 @@ _MROPE = {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 1000
 _QWEN_IDS = dict(image_token_id=IMAGE, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
 
 
-def tiny_qwen2_vl(seed: int = 0, vocab: int = VOCAB, **ids) -> Qwen2VLForConditionalGeneration:
+def tiny_qwen2_vl(seed: int = 0, vocab: int = VOCAB, text: dict | None = None, **ids
+                  ) -> Qwen2VLForConditionalGeneration:
     vision = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4, spatial_merge_size=2,
                   temporal_patch_size=2)
-    config = Qwen2VLConfig(text_config=dict(_text(vocab), rope_parameters=_MROPE), vision_config=vision,
+    config = Qwen2VLConfig(text_config=dict(_text(vocab), rope_parameters=_MROPE, **(text or {})), vision_config=vision,
                            **{**_QWEN_IDS, **ids})
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
@@ -246,6 +247,18 @@ def test_greedy_tokens_equal_stock_generate(family, method):
         assert drafter.visual_tokens_seen < drafter.image_tokens
     stopped = [(row[inputs["input_ids"].shape[1]:] == eos).any().item() for row in reference]
     assert any(stopped) and not all(stopped), "EOS must end some rows and not others"
+
+
+def test_sliding_windows_count_tokens_not_mrope_positions():
+    """HF windows by token order; an image's M-RoPE positions advance less than its tokens (a 4x6 grid: 6 tokens,
+    3 positions), so a window measured in positions would see further back than `generate` does."""
+    sliding = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                   layer_types=["full_attention", "sliding_attention"])
+    model, inputs, eos, reference = reference_setup(functools.partial(tiny_qwen2_vl, text=sliding), qwen_vl_inputs)
+    drafter = specmm.drafters.PromptLookupDrafter(ngram=1, k=3)
+    out = specmm.SpeculativeGenerator(model, drafter, tree=specmm.TreeSpec.chain(3)).generate(
+        **inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
+    assert torch.equal(out.sequences, reference)
 
 
 def assert_prefill_features_equal_stock(model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
