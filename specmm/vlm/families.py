@@ -24,7 +24,7 @@ from transformers import (
 from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-from specmm.vlm.targets import SUPPORTED, LlavaTarget, Qwen2_5_VLTarget, VLMTarget
+from specmm.vlm.targets import SUPPORTED, LlavaTarget, Qwen2_5_VLTarget, VLMTarget, _square_size
 
 VIDEO_AS_FRAMES = ("takes videos as image frames: pass the processor's pixel_values and image tokens for them "
                    "(it returns no pixel_values_videos)")
@@ -46,6 +46,9 @@ class Gemma3Target(VLMTarget):
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         return [int(self.model.config.mm_tokens_per_image)] * model_inputs["pixel_values"].shape[0]
+
+    def fixed_image_size(self) -> tuple[int, int, int] | None:
+        return _square_size(self.model.config.vision_config)
 
     def extend_prompt(self, valid: Tensor, positions: Tensor | None, model_inputs: dict, **inputs: Any) -> None:
         types = model_inputs.get("token_type_ids")
@@ -119,7 +122,7 @@ class LlavaOnevisionTarget(LlavaTarget):
 
     def __init__(self, model: nn.Module):
         VLMTarget.__init__(self, model)
-        self.anyres = True
+        self.anyres, self.sized_tower = True, False  # SigLIP tiles of one size
 
     def _check_shapes(self, model_inputs: dict) -> None:
         super()._check_shapes(model_inputs)
@@ -127,6 +130,7 @@ class LlavaOnevisionTarget(LlavaTarget):
         if videos is not None and videos.dim() != 5:
             raise ValueError(f"pixel_values_videos: expected [videos, frames, channels, height, width], got shape "
                              f"{tuple(videos.shape)}")
+        self.check_pixel_size(videos, "pixel_values_videos")
 
     def tokens_per_video(self, model_inputs: dict) -> list[int]:
         videos = model_inputs["pixel_values_videos"]

@@ -12,6 +12,7 @@ with `specmm.core.as_target`.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from typing import Any
@@ -147,6 +148,20 @@ class VLMTarget(HFCausalLMTarget):
         if pixels is not None and pixels.dim() != 4:
             raise ValueError(f"pixel_values: expected [images, channels, height, width], got shape "
                              f"{tuple(pixels.shape)}")
+        self.check_pixel_size(pixels)
+
+    def fixed_image_size(self) -> tuple[int, int, int] | None:
+        """(channels, height, width) every image (or tile) must have, for towers of one input size; else None."""
+        return None
+
+    def check_pixel_size(self, pixels: Tensor | None, name: str = "pixel_values") -> None:
+        """Images of another size than a fixed-size tower's fail deep inside it (SigLIP: a shape error)."""
+        expected = self.fixed_image_size()
+        if pixels is None or expected is None or tuple(pixels.shape[-3:]) == expected:
+            return
+        raise ValueError(f"{name}: images of [channels, height, width] {list(pixels.shape[-3:])}, but the "
+                         f"{type(self.model).__name__} vision tower takes {list(expected)}: resize them with the "
+                         "model's processor")
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
         """Image tokens each image of `model_inputs` fills in input_ids (None when it cannot be told cheaply)."""
@@ -187,6 +202,9 @@ class VLMTarget(HFCausalLMTarget):
     def check_images(self, input_ids: Tensor, attention_mask: Tensor, model_inputs: dict) -> None:
         """Raise ValueError when images and image tokens disagree. Called by `prefill` before any forward, on
         the prompt minus its last token (the engine verifies that token as the first root, without pixels)."""
+        _check_padding(input_ids, attention_mask, self.image_token_id, "image")
+        if self.video_token_id is not None:
+            _check_padding(input_ids, attention_mask, self.video_token_id, "video")
         self.check_token_types(input_ids, attention_mask, model_inputs)
         is_image = (input_ids == self.image_token_id) & attention_mask.bool()  # [B, L-1]
         found = int(is_image.sum())
@@ -202,7 +220,7 @@ class VLMTarget(HFCausalLMTarget):
         counts = self.tokens_per_image(model_inputs)
         expected = None if counts is None else sum(counts)
         if found == expected:
-            return
+            return _check_span_order(is_image, counts, "image", "pixel_values")
         ends_in_image = is_image[:, -1] if input_ids.shape[1] else is_image.new_zeros(input_ids.shape[0])
         if last_image is None and expected is not None and 0 < expected - found == int(ends_in_image.sum()):
             _raise_last_token_image(ends_in_image)  # each such row's missing image token is its last token
@@ -228,7 +246,7 @@ class VLMTarget(HFCausalLMTarget):
             return
         counts = self.tokens_per_video(model_inputs)
         if found == sum(counts):
-            return
+            return _check_span_order(is_video, counts, "video", "pixel_values_videos")
         ends_in_video = is_video[:, -1] if input_ids.shape[1] else is_video.new_zeros(input_ids.shape[0])
         if 0 < sum(counts) - found == int(ends_in_video.sum()):
             _raise_last_token_image(ends_in_video, "video")
@@ -303,6 +321,15 @@ def _raise_last_token_image(rows: Tensor, kind: str = "image") -> None:
                      "(the last prompt token is verified as the first draft root, without pixels)")
 
 
+def _check_span_order(is_visual: Tensor, counts: list[int], kind: str, name: str) -> None:
+    """With one token span per image (row by row, in order), each span must fill its image's tokens: the stock
+    merge fills spans in order, so swapped images would take each other's features, or M-RoPE would fail."""
+    spans = [len(list(group)) for row in is_visual.tolist() for key, group in itertools.groupby(row) if key]
+    if len(spans) == len(counts) and spans != counts:
+        raise ValueError(f"{name}: its {kind}s fill {counts} tokens in order, but the {kind}-token spans of "
+                         f"input_ids (row by row) hold {spans}: give the {kind}s in the order of their spans")
+
+
 def _count_mismatch(counts: list[int], found: int, runs: int) -> str:
     """'pixel_values: 2 images but input_ids hold image tokens for 3' when the counts (or, failing that, the
     number of contiguous image-token spans) tell, else the totals."""
@@ -328,13 +355,29 @@ class LlavaTarget(VLMTarget):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.anyres = isinstance(model, LlavaNextForConditionalGeneration)
+        if self.anyres and model.config.vision_feature_select_strategy != "default":
+            raise ValueError(f"target: {type(model).__name__} with vision_feature_select_strategy="
+                             f"{model.config.vision_feature_select_strategy!r} cannot run: its anyres packing "
+                             "(pack_image_features) needs the patch grid without the CLS token ('default')")
+        tower = model.model.vision_tower
+        self.sized_tower = "image_sizes" in inspect.signature(tower.forward).parameters  # e.g. Pixtral
+
+    def fixed_image_size(self) -> tuple[int, int, int] | None:
+        if self.sized_tower:
+            return None
+        return _square_size(self.model.config.vision_config)
 
     def _check_shapes(self, model_inputs: dict) -> None:
         pixels, sizes = model_inputs.get("pixel_values"), model_inputs.get("image_sizes")
         if not self.anyres:
+            if sizes is not None and not self.sized_tower:
+                raise ValueError(f"image_sizes: {type(self.model).__name__} with a "
+                                 f"{type(self.model.model.vision_tower).__name__} tower takes no image_sizes "
+                                 "(every image is resized to the tower's size)")
             return super()._check_shapes(model_inputs)
         if pixels is None:
             return
+        self.check_pixel_size(pixels)
         if pixels.dim() not in (4, 5):
             raise ValueError(f"pixel_values: expected [images, tiles, channels, height, width] (or the tiles "
                              f"concatenated, 4-D), got shape {tuple(pixels.shape)}")
@@ -425,6 +468,17 @@ class Qwen2_5_VLTarget(VLMTarget):
         if int(grid.prod(-1).sum()) != pixels.shape[0]:
             raise ValueError(f"{pixels_name}: {pixels.shape[0]} patches but {grid_name} describes "
                              f"{int(grid.prod(-1).sum())}")
+        vision = self.model.config.vision_config
+        channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3)
+        width = channels * vision.temporal_patch_size * vision.patch_size**2
+        if pixels.shape[1] != width:
+            raise ValueError(f"{pixels_name}: patches of {pixels.shape[1]} values, but the {self.family} vision tower "
+                             f"takes {width} (channels {channels} x temporal {vision.temporal_patch_size} x "
+                             f"{vision.patch_size}x{vision.patch_size} pixels)")
+        merge = vision.spatial_merge_size
+        if bool((grid[:, 1:] % merge).any()):
+            raise ValueError(f"{grid_name}: heights and widths must be multiples of spatial_merge_size {merge} "
+                             f"(got {grid.tolist()})")
         return True
 
     def tokens_per_image(self, model_inputs: dict) -> list[int] | None:
@@ -470,6 +524,21 @@ class Qwen2_5_VLTarget(VLMTarget):
     def select_rows(self, rows: Tensor) -> None:
         super().select_rows(rows)
         self.rope_deltas = self.rope_deltas[rows]
+
+
+def _square_size(vision) -> tuple[int, int, int] | None:
+    """(channels, side, side) of a vision config with one square input size; None when it says otherwise."""
+    size, channels = getattr(vision, "image_size", None), getattr(vision, "num_channels", None)
+    return (channels, size, size) if isinstance(size, int) and isinstance(channels, int) else None
+
+
+def _check_padding(input_ids: Tensor, attention_mask: Tensor, token: int, kind: str) -> None:
+    """Image (video) tokens under the attention mask's padding: the stock merge counts them, the mask does not."""
+    padded = (input_ids == token) & ~attention_mask.bool()  # [B, L]
+    if bool(padded.any()):
+        rows = padded.any(1).nonzero().flatten().tolist()
+        raise ValueError(f"input_ids: rows {rows} hold {kind} tokens (id {token}) where attention_mask is 0; pad "
+                         "with the tokenizer's pad token")
 
 
 SUPPORTED: dict[type, type[VLMTarget]] = {

@@ -313,6 +313,8 @@ BAD_INPUTS = {
                                          "batch_num_images: counts 3 images but image_sizes has 4 rows"),
     "gemma3/video": ("gemma3", lambda i: dict(i, pixel_values_videos=torch.ones(1, 2, 3, 32, 32)),
                      "pixel_values_videos: not an input of Gemma3Target .* takes no videos"),
+    "gemma3/image size": ("gemma3", lambda i: dict(i, pixel_values=i["pixel_values"][..., :24, :24]),
+                          r"images of \[channels, height, width\] \[3, 24, 24\], but .* tower takes \[3, 32, 32\]"),
     "internvl/fewer tiles": ("internvl", lambda i: dict(i, pixel_values=i["pixel_values"][:4]),
                              "pixel_values: 4 images but input_ids hold image tokens for 5"),
 }

@@ -336,7 +336,27 @@ BAD_INPUTS = {
                                 "video_grid_thw: required with pixel_values_videos"),
     "llava/video": ("llava", dict(pixel_values_videos=torch.ones(1, 2, 3, 32, 32)),
                     "pixel_values_videos: not an input of LlavaTarget .* takes no videos"),
+    "llava/image size": ("llava", dict(pixel_values=lambda i: i["pixel_values"].repeat(1, 1, 2, 2)),
+                         r"images of \[channels, height, width\] \[3, 64, 64\], but .* tower takes \[3, 32, 32\]"),
+    "llava/sizes for a fixed tower": ("llava", dict(image_sizes=torch.full((3, 2), 32)),
+                                      "image_sizes: LlavaForConditionalGeneration with a CLIPVisionModel tower"),
+    "qwen/patch width": ("qwen2_5_vl", dict(pixel_values=lambda i: i["pixel_values"][:, :-1]),
+                         r"pixel_values: patches of 95 values, but the Qwen2_5_VL vision tower takes 96"),
+    "qwen/grid not merged": ("qwen2_5_vl", dict(image_grid_thw=torch.tensor([[1, 3, 8], [1, 6, 2], [1, 4, 4]])),
+                             "image_grid_thw: heights and widths must be multiples of spatial_merge_size 2"),
+    "qwen/images out of order": ("qwen2_5_vl", dict(image_grid_thw=torch.tensor([[1, 6, 2], [1, 4, 6], [1, 4, 4]])),
+                                 r"fill \[3, 6, 4\] tokens in order, but the image-token spans .* hold \[6, 3, 4\]"),
+    "qwen/image token in padding": ("qwen2_5_vl", dict(input_ids=lambda i: i["input_ids"].index_fill(1, torch.tensor(
+        [0]), IMAGE)), r"input_ids: rows \[1, 2\] hold image tokens \(id 95\) where attention_mask is 0"),
 }
+
+
+def test_llava_next_keeping_the_cls_token_is_refused():
+    """HF's anyres packing cannot take the CLS token ('full' strategy): refuse it when the target is made."""
+    model = tiny_llava_next()
+    model.config.vision_feature_select_strategy = "full"
+    with pytest.raises(ValueError, match="vision_feature_select_strategy='full' cannot run"):
+        as_target(model)
 
 
 def test_image_token_root_raises_at_first_verify():
