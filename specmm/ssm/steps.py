@@ -27,6 +27,7 @@ class TreePass:
         self.conv: dict[int, Tensor] = {}
         self.ssm: dict[int, Tensor] = {}
         self.scan_dtype: torch.dtype | None = None
+        self.prompt: Tensor | bool = False  # [B, n] which nodes are prompt tokens (`tree_mixer_forward`)
         self.records: dict[int, TreeRecord] = {}
         self.forwards = {i: self._tree_forward(m) for i, m in mixers.items()}  # stable: graphs guard on them
 
@@ -37,7 +38,7 @@ class TreePass:
             if self.layout is None:  # outside a tree pass: the stock mixer
                 return stock(mixer, hidden_states, *args, **kwargs)
             out, record = tree_mixer_forward(mixer, hidden_states, self.layout, self.conv[mixer.layer_idx],
-                                             self.ssm[mixer.layer_idx], self.scan_dtype)
+                                             self.ssm[mixer.layer_idx], self.scan_dtype, self.prompt)
             self.records[mixer.layer_idx] = record
             return out
         return forward
@@ -76,10 +77,11 @@ class TreeVerify(nn.Module):
     def forward(self, input_ids: Tensor, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor,
                 conv: dict[int, Tensor], ssm: dict[int, Tensor], scan_dtype: torch.dtype | None = None,
                 attention_mask: Tensor | None = None, position_ids: Tensor | None = None, past_key_values=None,
-                logits_to_keep: int = 0):
+                logits_to_keep: int = 0, prompt: Tensor | bool = False):
         tree_pass = self.tree_pass
         tree_pass.layout = TreeLayout.build(parents, depth, ancestors, valid, self.kernel)
         tree_pass.conv, tree_pass.ssm, tree_pass.scan_dtype, tree_pass.records = conv, ssm, scan_dtype, {}
+        tree_pass.prompt = prompt
         if past_key_values is None:
             out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
         else:

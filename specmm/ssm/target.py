@@ -151,6 +151,7 @@ class SSMTarget:
                                      owner=self.model, role="ssm-attention", mode=mode)
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
+        self._root_is_prompt = True  # the first verify's roots are the prompts' last tokens
         self.steps = self._own_steps
         if compiles(plan):  # one set of graphs per model, reused by every adapter of it
             self.steps = tree_steps(self.model, self.mixers)
@@ -177,7 +178,7 @@ class SSMTarget:
             positions = None
             if self.kv is not None:
                 positions = (self.kv.lengths[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
-            self._forward(ids, parents, depth, ancestors, valid, positions, logits_to_keep=1)
+            self._forward(ids, parents, depth, ancestors, valid, positions, logits_to_keep=1, prompt=True)
             counts = valid.sum(1)  # [B]
             kept_first = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, P] valid first
             self._commit(kept_first, counts, replay=False, compiled=False)  # the prompt is certain: no rollback
@@ -188,7 +189,10 @@ class SSMTarget:
         positions = None
         if self.kv is not None:
             positions = self.kv.lengths[:, None] + tree.depth  # [B, n]
-        logits = self._forward(tree.tokens, tree.parents, tree.depth, tree.ancestors, tree.valid, positions)
+        prompt = tree.depth == (0 if self._root_is_prompt else -1)  # [B, n] the prompt's last token, first round
+        self._root_is_prompt = False
+        logits = self._forward(tree.tokens, tree.parents, tree.depth, tree.ancestors, tree.valid, positions,
+                               prompt=prompt)
         return TargetOutput(logits=logits, features=None)
 
     @torch.no_grad()
@@ -203,14 +207,14 @@ class SSMTarget:
     # ------------------------------------------------------------------------------------------- internals
 
     def _forward(self, tokens: Tensor, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor,
-                 positions: Tensor | None, logits_to_keep: int = 0) -> Tensor:
+                 positions: Tensor | None, logits_to_keep: int = 0, prompt: Tensor | bool = False) -> Tensor:
         """One stock forward over n nodes with the tree mixers swapped in; keeps the per-layer commit records.
 
         Compiled when compiling, except prefills (`logits_to_keep`) and a forward that allocates the static KV."""
         verify = self.steps.verify
         inputs = dict(input_ids=tokens, parents=parents, depth=depth, ancestors=ancestors, valid=valid,
                       conv=self.states.conv, ssm=self.states.ssm, scan_dtype=self.scan_dtype,
-                      logits_to_keep=logits_to_keep)
+                      logits_to_keep=logits_to_keep, prompt=prompt)
         allocating = False
         if self.kv is not None:
             mask = self._format(self.kv.open_slots(positions, tree_attention(ancestors, valid)))  # [B, 1, n, S]

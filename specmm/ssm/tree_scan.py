@@ -108,11 +108,18 @@ def is_mamba2_mixer(module: nn.Module) -> bool:
     return type(module).__name__ in MIXER_CLASSES
 
 
-def step_sizes(mixer: nn.Module, dt_raw: Tensor, dtype: torch.dtype) -> Tensor:
-    """softplus(dt + dt_bias) clamped to the mixer's time_step_limit, as HF's multi-token (chunk) path does."""
+def step_sizes(mixer: nn.Module, dt_raw: Tensor, dtype: torch.dtype, clamp: Tensor | bool = True) -> Tensor:
+    """softplus(dt + dt_bias) [B, n, H], clamped to the mixer's time_step_limit where `clamp` ([B, n] or one bool).
+
+    HF clamps in its multi-token (chunk) path, which `generate` takes for the whole prompt, and not in its cached
+    one-token step (`mamba2_selective_state_update`, as mamba_ssm's `step`), which decodes every later token: so
+    prompt tokens are clamped and generated ones are not, as `generate` computes them."""
     dt = F.softplus(dt_raw.to(dtype) + mixer.dt_bias.to(dtype))
+    if clamp is False:
+        return dt
     low, high = mixer.time_step_limit
-    return dt.clamp(min=low, max=high)
+    clamped = dt.clamp(min=low, max=high)
+    return clamped if clamp is True else torch.where(clamp[..., None], clamped, dt)
 
 
 def project_inputs(mixer: nn.Module, hidden: Tensor) -> Tensor:
@@ -134,10 +141,13 @@ def gated_output(mixer: nn.Module, y: Tensor, gate: Tensor) -> Tensor:
 
 
 def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, conv_state: Tensor, ssm_state: Tensor,
-                       scan_dtype: torch.dtype | None = None) -> tuple[Tensor, TreeRecord]:
+                       scan_dtype: torch.dtype | None = None, prompt: Tensor | bool = False
+                       ) -> tuple[Tensor, TreeRecord]:
     """Run every tree node through `mixer` after the committed states; returns (out [B, n, D], record).
 
-    hidden: [B, n, D]; conv_state: [B, C, K] raw inputs of the last K committed tokens; ssm_state: [B, H, P, N].
+    hidden: [B, n, D]; conv_state: [B, C, K] raw inputs of the last K committed tokens; ssm_state: [B, H, P, N];
+    prompt: which nodes are prompt tokens ([B, n], or one bool for all), whose step sizes are clamped as HF's
+    prefill clamps them (`step_sizes`).
     """
     batch, n, _ = hidden.shape
     heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
@@ -163,7 +173,7 @@ def tree_mixer_forward(mixer: nn.Module, hidden: Tensor, layout: TreeLayout, con
     b = b.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
     c = c.reshape(batch, n, groups, 1, state).expand(-1, -1, -1, per_group, -1).reshape(batch, n, heads, state)
     b, c = b.transpose(1, 2).to(acc), c.transpose(1, 2).to(acc)  # [B, H, n, N]
-    dt = step_sizes(mixer, dt_raw, acc).transpose(1, 2)  # [B, H, n]
+    dt = step_sizes(mixer, dt_raw, acc, clamp=prompt).transpose(1, 2)  # [B, H, n]
     A = -torch.exp(mixer.A_log.float()).to(acc)  # [H] (HF computes A in float32)
 
     mask = layout.ancestors  # [B, n, n]

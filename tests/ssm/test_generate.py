@@ -64,6 +64,22 @@ def test_vanilla_chain_with_replay_rollback_equals_hf_generate(arch):
     assert torch.equal(out.sequences[:, ids.shape[1]:], reference)
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_step_size_limits_clamp_prompt_tokens_only_as_generate_does(seed):
+    """HF clamps Δ to time_step_limit in its prefill (chunk path) but not in its one-token decode step: a binding
+    limit changes tokens unless verification clamps exactly the prompt's tokens (its last one is the first root)."""
+    target = tiny_ssm("mamba2", seed=seed, time_step_limit=(0.5, 0.6))
+    draft = aligned_drafter_model(target, residual_scale=1.0)
+    ids, mask = left_padded_batch(LENGTHS, vocab=VOCAB, seed=1)
+    with torch.no_grad():
+        reference = torch.cat([target.generate(ids[r:r + 1, ids.shape[1] - n:], max_new_tokens=NEW_TOKENS,
+                                               do_sample=False)[:, n:] for r, n in enumerate(LENGTHS)])
+    for tree in (TREES["chain"], TREES["dynamic"]):
+        out = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(
+            ids, mask, max_new_tokens=NEW_TOKENS)
+        assert torch.equal(out.sequences[:, ids.shape[1]:], reference)
+
+
 # ------------------------------------------------------------------------------------------------ sampling
 
 SMALL_VOCAB = 8

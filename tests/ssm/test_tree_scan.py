@@ -38,15 +38,16 @@ def reference_projection(mixer, hidden, ssm_multipliers=None):
     return torch.cat([segment * m for segment, m in zip(segments, ssm_multipliers)], dim=-1)
 
 
-def recurrent_reference(mixer, hidden, conv_state, ssm_state, ssm_multipliers=None):
-    """Sequential Mamba2 over hidden [L, D] from conv_state [C, K], ssm_state [H, P, N] -> (out [L, D], conv, ssm)."""
+def recurrent_reference(mixer, hidden, conv_state, ssm_state, ssm_multipliers=None, clamp: bool = False):
+    """Sequential Mamba2 over hidden [L, D] from conv_state [C, K], ssm_state [H, P, N] -> (out [L, D], conv, ssm);
+    `clamp`: step sizes clamped to time_step_limit (HF's prefill) or not (its one-token decode)."""
     heads, head_dim, groups, state = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
     inner, channels = mixer.intermediate_size, mixer.conv_dim
     gate, xbc, dt_raw = reference_projection(mixer, hidden, ssm_multipliers).split([inner, channels, heads], dim=-1)
     history = torch.cat([conv_state, xbc.T], dim=1)  # [C, K + L]
     conv = F.conv1d(history[None], mixer.conv1d.weight, mixer.conv1d.bias, groups=channels)[0, :, 1:].T  # [L, C]
     x, b, c = mixer.act(conv).split([inner, groups * state, groups * state], dim=-1)
-    dt = step_sizes(mixer, dt_raw, torch.float64)  # [L, H]
+    dt = step_sizes(mixer, dt_raw, torch.float64, clamp=clamp)  # [L, H]
     A = -torch.exp(mixer.A_log.float()).double()
     outs = []
     for t in range(hidden.shape[0]):
@@ -73,16 +74,21 @@ def path_to(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-MIXERS = {  # arch -> config overrides; Falcon-H1 also with its gated RMS norm (normalised before the gate)
-    "mamba2": {}, "nemotron_h": {"time_step_min": 0.05},  # NemotronH: the Δ clamp binds
-    "falcon_h1": {}, "falcon_h1_rms_norm": {"mamba_rms_norm": True}, "granite_hybrid": {},
+LIMITED = {"time_step_limit": (0.5, 0.6)}  # binds for most step sizes
+MIXERS = {  # case -> (arch, config overrides, nodes are prompt tokens: Δ clamped); Falcon-H1 also with its gated
+    # RMS norm (normalised before the gate)
+    "mamba2": ("mamba2", {}, False), "nemotron_h": ("nemotron_h", {"time_step_min": 0.05}, False),
+    "mamba2_limited": ("mamba2", LIMITED, False), "mamba2_limited_prompt": ("mamba2", LIMITED, True),
+    "falcon_h1": ("falcon_h1", {}, False), "falcon_h1_rms_norm": ("falcon_h1", {"mamba_rms_norm": True}, False),
+    "granite_hybrid": ("granite_hybrid", {}, False),
 }  # Falcon-H1 holds its mup vector in float32: the test config's multipliers are exact in float32
 
 
-@pytest.mark.parametrize("arch", list(MIXERS))
+@pytest.mark.parametrize("case", list(MIXERS))
 @pytest.mark.parametrize("kind", ["chain", "star", "random"])
-def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(arch, kind):
-    model = tiny_ssm(arch.removesuffix("_rms_norm"), **MIXERS[arch])
+def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(case, kind):
+    arch, overrides, prompt = MIXERS[case]
+    model = tiny_ssm(arch, **overrides)
     multipliers = model.config.ssm_multipliers if arch.startswith("falcon_h1") else None
     mixer = next(m for m in model.modules() if hasattr(m, "A_log"))
     parents, depth, gen = tree_case(kind, seed=3)
@@ -93,12 +99,12 @@ def test_tree_outputs_and_commits_equal_the_recurrence_over_each_path(arch, kind
     ssm_state = torch.randn(1, mixer.num_heads, mixer.head_dim, mixer.ssm_state_size, generator=gen,
                             dtype=torch.float64)
     with torch.no_grad():
-        out, record = tree_mixer_forward(mixer, hidden, layout, conv_state, ssm_state)
+        out, record = tree_mixer_forward(mixer, hidden, layout, conv_state, ssm_state, prompt=prompt)
         parent_list = parents[0].tolist()
         for node in range(NODES):
             path = path_to(parent_list, node)
             ref_out, ref_conv, ref_ssm = recurrent_reference(mixer, hidden[0, path], conv_state[0], ssm_state[0],
-                                                             multipliers)
+                                                             multipliers, clamp=prompt)
             torch.testing.assert_close(out[0, node], ref_out[-1], rtol=0, atol=1e-10)
             conv, ssm = commit_state(record, torch.tensor([node]))
             torch.testing.assert_close(conv[0], ref_conv, rtol=0, atol=1e-14)
