@@ -175,6 +175,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
         self.draft_forwards = 0
         self.runner: ModelRunner | None = None
         self.static_plan = None  # set by the engine in compiled mode
+        self.position_cap: int | None = None  # set by the engine: positions clamped below it (`shared_rope_threshold`)
 
     def check_spec(self, spec: TreeSpec) -> None:
         return None
@@ -191,6 +192,8 @@ class ModelDrafter(CountsForwards, RunnerOwner):
         capture = final_norm(self.model) if self.features else None
         self.runner = ModelRunner(self.model, input_ids.shape[0], capture=capture, static=self.static_plan,
                                   row_slots=self.row_slots)
+        if self.position_cap is not None:
+            self.runner.position_limit = min(self.runner.position_limit or self.position_cap, self.position_cap)
         self.draft_forwards = 0
         if input_ids.shape[1] > 1:
             self.runner.extend(attention_mask[:, :-1].bool(), input_ids=input_ids[:, :-1], logits_to_keep=1)

@@ -31,7 +31,7 @@ from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
 from specmm.core.finite import raise_nonfinite_round, round_flags, stopped
-from specmm.core.limits import check_generation_positions, check_tree_vocab
+from specmm.core.limits import check_generation_positions, check_tree_vocab, shared_rope_threshold
 from specmm.core.profiling import RoundTimer
 from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
 from specmm.core.sampling import GREEDY, Generators, SamplingConfig, process_logits, sample, select_generators
@@ -171,6 +171,9 @@ class SpeculativeGenerator:
             raise ValueError(f"acceptance: expected 'exact', 'greedy' or an AcceptanceRule, got {acceptance!r}")
         self.greedy_only = acceptance == "greedy"
         self.drafter = drafter
+        if hasattr(drafter, "position_cap"):
+            drafter.position_cap = shared_rope_threshold(getattr(self.target, "model", None),
+                                                         getattr(drafter, "model", None))
         self.processor: TreeLogitsProcessor | None = None  # the model's generation_config processors, per generate
         if not isinstance(compile, bool):
             raise ValueError(f"compile: expected True or False, got {compile!r}")

@@ -115,6 +115,22 @@ def switching_ropes(model: nn.Module) -> list[tuple[str, int]]:
     return found
 
 
+def shared_rope_threshold(target_model: Any, draft_model: Any) -> int | None:
+    """The lowest switching-RoPE threshold (`switching_ropes`) of the target when the drafter runs the same rotary
+    module (e.g. the target drafting for itself), else None. A draft forward past the threshold would switch that
+    module's frequencies for the target's next forward too (HF's dynamic RoPE keeps them at exactly the threshold),
+    so the drafter's positions are clamped below it: nodes there lie past every row's budget anyway."""
+    if not isinstance(target_model, nn.Module) or not isinstance(draft_model, nn.Module):
+        return None
+    thresholds = [threshold for _, threshold in switching_ropes(target_model)]
+    if not thresholds:
+        return None
+    ropes = {id(m) for m in target_model.modules() if hasattr(m, "original_inv_freq")}
+    if any(id(m) in ropes for m in draft_model.modules()):
+        return min(thresholds)
+    return None
+
+
 def tuned_query_slot(model: nn.Module) -> int | None:
     """Llama 4's NoPE layers scale their queries by log1p(floor((slot + 1) / floor_scale)) (`attn_temperature_tuning`,
     the slot counted from the cache's length, not from position ids): 1 until slot floor_scale - 1, which this

@@ -117,6 +117,22 @@ def test_switching_rope_is_exact_below_the_switch_and_refused_across_it(build, k
     assert forwards == []
 
 
+def test_a_target_drafting_for_itself_up_to_its_dynamic_rope_switch_equals_generate():
+    """The drafter runs the target's own rotary module: its nodes past the switch (beyond every row's budget) would
+    switch the frequencies, which HF keeps for a forward reaching exactly the switch, the target's last verify."""
+    target = tiny_model("llama", max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 16.0})
+    with torch.no_grad():  # sharp attention: a wrong rotation shows in the argmax
+        for layer in target.model.layers:
+            layer.self_attn.q_proj.weight.mul_(10)
+            layer.self_attn.k_proj.weight.mul_(10)
+    ids, mask = left_padded_batch([5, 9, 3], seed=4)
+    new = 17 - 9  # the longest row's forwards reach position 15: exactly the switch
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=PAD)
+    gen = specmm.SpeculativeGenerator(target, ModelDrafter(target), tree=specmm.TreeSpec.chain(6))
+    assert torch.equal(gen.generate(ids, attention_mask=mask, max_new_tokens=new).sequences, reference)
+    assert target.model.rotary_emb.max_seq_len_cached == 16  # the frequencies never switched
+
+
 def test_gpt_neo_local_attention_layers_are_refused_and_global_ones_decode_exactly():
     """GPT-Neo windows its local layers by cache index inside the model: a dynamic tree over a ragged batch gave
     other tokens than generate before the refusal; with global layers only, its tokens equal generate's."""

@@ -220,7 +220,7 @@ def test_sampled_joint_distribution_with_processors_matches_processed_target(tre
     ("bad_words_ids", [[5]]), ("sequence_bias", {(5,): 1.0}), ("guidance_scale", 1.5),
     ("encoder_repetition_penalty", 1.2), ("encoder_no_repeat_ngram_size", 2), ("forced_bos_token_id", 1),
     ("forced_eos_token_id", 2), ("exponential_decay_length_penalty", (4, 1.1)), ("num_beams", 3),
-    ("stop_strings", ["stop"]),
+    ("stop_strings", ["stop"]), ("dola_layers", "high"), ("num_return_sequences", 2),
 ])
 def test_unsupported_generation_config_settings_are_refused_before_any_forward(name, value):
     target = tiny_model("llama")
