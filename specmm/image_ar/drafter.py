@@ -105,6 +105,16 @@ class ImageDrafter(CountsForwards):
         self.target = target
         return self
 
+    def check_fits(self, lm: LlamaGenGPT) -> None:
+        """ValueError unless this drafter was made for a model of `lm`'s width, vocabulary and image grid (a head
+        of another width fails inside its first forward; another grid would draft with the wrong 2-D positions)."""
+        ours, theirs = self.gpt.config, drafter_view(lm).config
+        for name in ("dim", "vocab_size", "block_size"):
+            if getattr(ours, name) != getattr(theirs, name):
+                raise ValueError(f"proposer: this ImageDrafter was made for a model with {name} "
+                                 f"{getattr(ours, name)}, but the sampler's model has {getattr(theirs, name)}: "
+                                 "make it with ImageDrafter.for_target(model) or load it for this model")
+
     # ------------------------------------------------------------------ engine protocol
     def check_spec(self, spec: TreeSpec) -> None:
         return None

@@ -14,7 +14,7 @@ from specmm.image_ar.emu3_target import Emu3Target, Emu3Vocabulary
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import refuse_options, register_image_model
+from specmm.image_ar.models import check_token_ids, refuse_options, register_image_model
 
 
 class Emu3DrafterView(nn.Module):
@@ -127,6 +127,7 @@ class Emu3ImageModel:
         if isinstance(texts, Mapping):  # what a processor or tokenizer returns
             texts, mask = texts["input_ids"], texts.get("attention_mask")
         if isinstance(texts, Tensor):
+            check_token_ids(texts, mask, "conditions" if image_prompt else "negative_prompt")
             return texts, torch.ones_like(texts) if mask is None else mask
         if self.processor is None:
             raise ValueError("conditions: text prompts need the model's Emu3Processor (or pass token ids [B, L])")

@@ -25,7 +25,7 @@ from specmm.core.tree import DraftTree
 from specmm.image_ar.images import to_pil
 from specmm.image_ar.llamagen.adapter import check_cfg_scale
 from specmm.image_ar.llamagen.config import GPTConfig
-from specmm.image_ar.models import refuse_options, register_image_model
+from specmm.image_ar.models import check_token_ids, refuse_options, register_image_model
 from specmm.image_ar.target import cache_rows, combine, pack
 
 CONDITIONING = ("prompt_ids", "prompt_mask", "cfg_scale", "cfg_interval", "max_nodes", "caption_mask")
@@ -220,8 +220,9 @@ class JanusImageModel:
             conditions = self.processor(text=list(conditions), generation_mode="image", padding=True,
                                         return_tensors="pt")
         ids = conditions.get("input_ids") if hasattr(conditions, "get") else None
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] == 0:
+        if not isinstance(ids, Tensor):
             raise ValueError("conditions: expected text prompts or processor output with input_ids [B, L]")
+        check_token_ids(ids, conditions.get("attention_mask"), "conditions")
         mask = conditions.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else mask
         vocab = self.janus.get_input_embeddings().num_embeddings

@@ -33,7 +33,8 @@ def make_sampler(lg: LlamaGen | ImageModel, method: str, drafter: ImageDrafter |
     if method == "ar":
         return ImageSampler(lg, proposer="ar", cfg_interval=cfg_interval, compile=compile)
     if method == "exact":
-        return ImageSampler(lg, proposer=drafter or "jacobi", acceptance=Exact(), tree=tree, **common)
+        return ImageSampler(lg, proposer=drafter or "jacobi", acceptance=Exact(), tree=tree if drafter else None,
+                            **common)
     if method == "sjd":
         return ImageSampler(lg, proposer="jacobi", acceptance=SJD(), **common)
     if method in ("gsd", "gsd-drafter"):

@@ -127,6 +127,18 @@ def load_pretrained(folder, dtype=None, device=None,
     return model, transformers.AutoProcessor.from_pretrained(folder)
 
 
+def check_token_ids(ids: Any, mask: Any, name: str) -> None:
+    """ValueError unless `ids` is an integer [B, L] tensor (L >= 1) and `mask` (if given) a tensor of its shape."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] == 0:
+        shape = list(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name}: expected token ids [prompts, length] (a 2-D tensor), got {shape}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name}: expected integer token ids, got {ids.dtype}")
+    if mask is not None and (not isinstance(mask, Tensor) or mask.shape != ids.shape):
+        shape = list(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{name}: its attention mask must be a tensor of its shape {list(ids.shape)}, got {shape}")
+
+
 def refuse_options(options: dict, model: str) -> None:
     """ValueError naming `sample` keywords the model takes no option for."""
     if options:

@@ -68,7 +68,13 @@ class ImageSampler:
         if isinstance(acceptance, (Lantern, GSD)):  # its own copy: a rule object may serve samplers of other codebooks
             acceptance = copy.copy(acceptance).bind(self.model.codebook())
         self.rule: AcceptanceRule = acceptance
+        if tree is not None and not isinstance(tree, TreeSpec):
+            raise ValueError(f"tree: expected a TreeSpec, got {type(tree).__name__}")
+        if tree is not None and not isinstance(proposer, ImageDrafter):
+            raise ValueError(f"tree: only an ImageDrafter proposer takes one ({proposer!r} drafts a window: "
+                             "`window`)")
         if isinstance(proposer, ImageDrafter):
+            proposer.check_fits(self.model.lm)
             self.proposer = proposer.bind(self.target)
             self.tree = tree or DRAFTER_TREE
         elif proposer == "jacobi":
@@ -109,8 +115,11 @@ class ImageSampler:
         prompt, conditioning = self.model.conditioning(conditions, cfg_scale, max_nodes, cfg_interval=self.cfg_interval,
                                                        caption_mask=caption_mask, **options)
         batch, n = prompt.shape[0], self.model.tokens_per_image
-        if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != batch:
-            raise ValueError(f"generator: expected one generator or {batch} (one per row), got {len(generator)}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            if not isinstance(generator, (list, tuple)) or not all(isinstance(g, torch.Generator) for g in generator):
+                raise ValueError(f"generator: expected a torch.Generator or a list of them, got {generator!r}")
+            if len(generator) != batch:
+                raise ValueError(f"generator: expected one generator or {batch} (one per row), got {len(generator)}")
         if self.proposer is None or n == 1:
             tokens, stats = self._sample_ar(prompt, conditioning, n, sampling, generator)
         else:

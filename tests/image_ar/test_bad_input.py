@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from specmm.core.tree import TreeSpec
 from specmm.image_ar import (
     GSD,
+    ImageDrafter,
     ImageSampler,
     JacobiProposer,
     Lantern,
@@ -75,3 +77,42 @@ def test_knobs_and_proposers(lg):
         ImageSampler(lg, proposer="ar").sample(torch.tensor([1]), top_k=-1)
     with pytest.raises(ValueError, match="gpt_ckpt: no checkpoint file"):
         LlamaGen.from_checkpoint("/nonexistent.pt", "/nonexistent_vq.pt", GPT, TINY_VQ)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_head": 4, "n_kv_head": 3}, "n_head 4 must be a multiple of n_kv_head 3"),
+    ({"n_kv_head": 4}, "n_head 2 must be a multiple of n_kv_head 4"),
+    ({"cls_token_num": 3}, "cls_token_num 3: a c2i GPT embeds its class as 1 token"),
+    ({"model_type": "t2i", "caption_dim": 8, "cls_token_num": 0}, "cls_token_num 0"),
+    ({"n_layer": 0}, "n_layer must be at least 1"),
+    ({"rope_base": 0}, "rope_base must be positive"),
+])
+def test_gpt_configs_that_cannot_run_are_refused(change, message):
+    with pytest.raises(ValueError, match=f"gpt_config: {message}"):
+        gpt_config({**GPT, **change})
+
+
+def test_caption_masks_fit_the_captions():
+    t2i = LlamaGen.from_config({**GPT, "model_type": "t2i", "caption_dim": 8, "cls_token_num": 4}, TINY_VQ)
+    captions = torch.zeros(2, 4, 8)
+    for mask, message in [(torch.ones(2, 3), r"expected shape \[2, 4\]"),
+                          (torch.ones(4), r"expected shape .*got \[4\]"),
+                          ([[1, 1, 1, 1]] * 2, "expected a tensor, got list")]:
+        with pytest.raises(ValueError, match=f"caption_mask: {message}"):
+            ImageSampler(t2i, proposer="ar").sample(captions, caption_mask=mask)
+
+
+def test_class_conditional_models_take_no_caption_mask(lg):
+    with pytest.raises(ValueError, match="caption_mask: only a text-conditional"):
+        ImageSampler(lg, proposer="ar").sample(torch.tensor([1, 2]), caption_mask=torch.zeros(2, 1))
+
+
+def test_a_drafter_must_fit_the_samplers_model_and_trees_need_a_drafter(lg):
+    other = LlamaGen.from_config({**GPT, "dim": 64, "n_head": 4}, TINY_VQ)
+    with pytest.raises(ValueError, match="proposer: this ImageDrafter was made for a model with dim 64, but the "
+                                         "sampler's model has 32"):
+        ImageSampler(lg, proposer=ImageDrafter.for_target(other.gpt))
+    with pytest.raises(ValueError, match="tree: only an ImageDrafter proposer takes one"):
+        ImageSampler(lg, proposer="jacobi", tree=TreeSpec.chain(3))
+    with pytest.raises(ValueError, match="generator: expected a torch.Generator or a list of them"):
+        ImageSampler(lg, proposer="ar").sample(torch.tensor([1]), generator=5)

@@ -283,6 +283,10 @@ def test_bad_emu3_inputs_raise_before_work(greedy_setup):
         sampler.sample(prompt[:, :-1], cfg_scale=SCALE, temperature=0.0)
     with pytest.raises(ValueError, match="text prompts need the model's Emu3Processor"):
         sampler.sample(["abc"], cfg_scale=SCALE)
+    with pytest.raises(ValueError, match=r"conditions: expected token ids \[prompts, length\] \(a 2-D tensor\)"):
+        sampler.sample(prompt[0], cfg_scale=SCALE)
+    with pytest.raises(ValueError, match=r"negative_prompt: expected token ids .*got \[2, 3, 1\]"):
+        sampler.sample(prompt, cfg_scale=SCALE, negative_prompt=prompt[:, :3, None])
     with pytest.raises(ValueError, match="cfg_interval: Emu3 guides every token"):
         ImageSampler(image_model, proposer="jacobi", window=4, cfg_interval=2).sample(prompt, cfg_scale=SCALE)
     with pytest.raises(ValueError, match="Emu3ForConditionalGeneration"):

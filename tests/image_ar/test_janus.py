@@ -139,6 +139,11 @@ def test_bad_input_is_refused_before_any_work(janus):
         ImageSampler.for_model(model, None, proposer="ar").sample(PROMPTS)
     with pytest.raises(ValueError, match="cfg_scale: guidance scale must be >= 1"):
         sampler.sample(PROMPTS, cfg_scale=0.5)
+    inputs = processor(text=PROMPTS, generation_mode="image", padding=True, return_tensors="pt")
+    with pytest.raises(ValueError, match="conditions: expected integer token ids, got torch.float32"):
+        sampler.sample({**inputs, "input_ids": inputs["input_ids"].float()})
+    with pytest.raises(ValueError, match="conditions: its attention mask must be a tensor of its shape"):
+        sampler.sample({**inputs, "attention_mask": inputs["attention_mask"].tolist()})
     with pytest.raises(ValueError, match="cfg_interval"):
         ImageSampler.for_model(model, processor, proposer="ar", cfg_interval=3).sample(PROMPTS)
     with pytest.raises(ValueError, match="compile: JanusImageModel has no compiled fast path"):

@@ -33,6 +33,7 @@ class LlamaGenImageModel:
             raise ValueError("cfg_scale: guidance needs a null class, but the GPT was built with "
                              "class_dropout_prob=0 (no null-class embedding)")
         conditions = self.lg.check_conditions(conditions)
+        check_caption_mask(caption_mask, conditions, c.model_type, c.cls_token_num)
         prompt = torch.zeros(conditions.shape[0], 0, dtype=torch.long, device=self.target.device)
         return prompt, dict(conditions=conditions, cfg_scale=cfg_scale, cfg_interval=cfg_interval,
                             max_nodes=max_nodes, caption_mask=caption_mask)
@@ -45,6 +46,20 @@ class LlamaGenImageModel:
 
     def decode(self, tokens: Tensor) -> list[Image.Image]:
         return to_pil(self.lg.decode(tokens))
+
+
+def check_caption_mask(caption_mask, conditions: Tensor, model_type: str, tokens: int) -> None:
+    """A t2i caption mask is a [B, cls_token_num] tensor over the caption embeddings (1 = real token), else
+    ValueError; class-conditional models take none."""
+    if caption_mask is None:
+        return
+    if model_type != "t2i":
+        raise ValueError("caption_mask: only a text-conditional (t2i) LlamaGen takes one; class ids have no padding")
+    if not isinstance(caption_mask, Tensor):
+        raise ValueError(f"caption_mask: expected a tensor, got {type(caption_mask).__name__}")
+    if tuple(caption_mask.shape) != (conditions.shape[0], tokens):
+        raise ValueError(f"caption_mask: expected shape [{conditions.shape[0]}, {tokens}] (one entry per caption "
+                         f"embedding of each row), got {list(caption_mask.shape)}")
 
 
 def check_cfg_scale(cfg_scale) -> None:

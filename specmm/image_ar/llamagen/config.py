@@ -40,6 +40,15 @@ class GPTConfig:
             raise ValueError(f"gpt_config: head_dim {self.dim // self.n_head} must be a multiple of 4 (2-D RoPE)")
         if self.grid_size ** 2 != self.block_size:
             raise ValueError(f"gpt_config: block_size {self.block_size} is not a square number of grid tokens")
+        if not self.rope_base > 0:
+            raise ValueError(f"gpt_config: rope_base must be positive, got {self.rope_base}")
+        if self.n_layer < 1:
+            raise ValueError(f"gpt_config: n_layer must be at least 1, got {self.n_layer}")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise ValueError(f"gpt_config: n_head {self.n_head} must be a multiple of n_kv_head {self.n_kv_head}")
+        if self.cls_token_num < 1 or (self.model_type == "c2i" and self.cls_token_num != 1):
+            raise ValueError(f"gpt_config: cls_token_num {self.cls_token_num}: a c2i GPT embeds its class as 1 token, "
+                             "a t2i GPT needs at least 1 caption token")
 
     @property
     def head_dim(self) -> int:
