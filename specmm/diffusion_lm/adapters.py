@@ -8,6 +8,7 @@ load as they come, without remote code: LLaDA (`model_type` "llada") into `Maske
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -53,7 +54,23 @@ class MaskedLMAdapter:
 
     def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        return self.model(input_ids=input_ids, attention_mask=mask).logits
+        extra = {}
+        if "position_ids" in inspect.signature(self.model.forward).parameters:  # left padding: count real tokens
+            extra["position_ids"] = _positions(attention_mask, input_ids)
+        return self.model(input_ids=input_ids, attention_mask=mask, **extra).logits
+
+
+class WithMaskId:
+    """A mask predictor seen with another mask id, leaving the model (and its config) as it was."""
+
+    def __init__(self, model, mask_id: int):
+        self._model, self.mask_id = model, int(mask_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._model(*args, **kwargs)
 
 
 def load_folder(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
@@ -114,7 +131,7 @@ def as_diffusion_lm(model, mask_id: int | None = None, *, dtype: torch.dtype = t
         model = _llada_from_remote_code(model)
     if isinstance(model, MaskedDiffusionLM):
         if mask_id is not None and mask_id != model.mask_id:
-            model.config.mask_token_id = int(mask_id)
+            return WithMaskId(model, mask_id)  # the caller's model keeps its own
         if model.mask_id is None:
             raise ValueError("mask_id: the model's config has no mask_token_id; pass mask_id")
         return model

@@ -7,6 +7,7 @@ Lossless: `stepwise` (the reference) and `ssd` (identical tokens, fewer forwards
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -44,27 +45,55 @@ def _context_limit(model) -> int | None:
     return None
 
 
+def _vocab_size(model) -> int | None:
+    config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    size = getattr(config, "vocab_size", None) if config is not None else None
+    return int(size) if isinstance(size, int) else None
+
+
+def _is_count(value) -> bool:
+    """An integer >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _check(model, input_ids, attention_mask, gen_length, block_length, method, cache, draft_size, tree_width,
-           confidence, tokens_per_step, threshold) -> None:
+           confidence, tokens_per_step, threshold, prophet_thresholds) -> None:
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids: expected a LongTensor [batch, prompt_len]")
     if input_ids.shape[0] == 0:
         raise ValueError("input_ids: empty batch")
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask: shape {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise ValueError(f"attention_mask: shape {shape} != input_ids {tuple(input_ids.shape)}")
+        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError("attention_mask: expected 0 (padding) and 1 (prompt token) only")
+        if input_ids.shape[1] and not bool((attention_mask[:, -1] == 1).all()):
+            raise ValueError("attention_mask: the last column must be all ones (pad prompts on the left: the "
+                             "generated tokens follow the prompt)")
+    vocab = _vocab_size(model)
+    if vocab is not None:
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+            raise ValueError(f"input_ids: token ids must be in [0, {vocab}) (the model's vocabulary)")
+        if not 0 <= model.mask_id < vocab:
+            raise ValueError(f"mask_id: {model.mask_id} is outside the model's vocabulary [0, {vocab})")
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    if not isinstance(gen_length, int) or gen_length < 1:
+    if not _is_count(gen_length):
         raise ValueError(f"gen_length: expected an integer >= 1, got {gen_length!r}")
-    if not isinstance(block_length, int) or block_length < 1 or gen_length % block_length:
+    if not _is_count(block_length) or gen_length % block_length:
         raise ValueError(f"block_length: must be >= 1 and divide gen_length {gen_length}, got {block_length!r}")
+    if not (isinstance(prophet_thresholds, (tuple, list)) and len(prophet_thresholds) == 3
+            and all(isinstance(t, (int, float)) and not math.isnan(t) for t in prophet_thresholds)):
+        raise ValueError(f"prophet_thresholds: expected three margins (early, middle, late; inf: never), got "
+                         f"{prophet_thresholds!r}")
     if cache not in CACHE_MODES:
         raise ValueError(f"cache: expected None or 'prefix', got {cache!r}")
     if cache is not None and not getattr(model, "supports_cache", False):
         raise ValueError(f"cache: {type(model).__name__} has no prefix cache; use MaskedDiffusionLM or cache=None")
     if confidence not in CONFIDENCES:
         raise ValueError(f"confidence: expected one of {', '.join(CONFIDENCES)}, got {confidence!r}")
-    if draft_size < 1 or tree_width < 1 or tokens_per_step < 1:
+    if not (_is_count(draft_size) and _is_count(tree_width) and _is_count(tokens_per_step)):
         raise ValueError(f"draft_size, tree_width, tokens_per_step: must be >= 1, got {draft_size}, {tree_width}, "
                          f"{tokens_per_step}")
     if not 0.0 < threshold <= 1.0:
@@ -89,7 +118,7 @@ def generate(model, input_ids: Tensor, gen_length: int = 128, block_length: int 
     """
     model = as_diffusion_lm(model, mask_id)
     _check(model, input_ids, attention_mask, gen_length, block_length, method, cache, draft_size, tree_width,
-           confidence, tokens_per_step, threshold)
+           confidence, tokens_per_step, threshold, prophet_thresholds)
     device = input_ids.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -19,8 +19,12 @@ from specmm.diffusion_lm.selection import rank, scores, select
 
 
 def _commit(x: Tensor, pos: Tensor, tok: Tensor, keep: Tensor) -> Tensor:
-    """x [n, G] with tok [n, k] written at pos [n, k] where keep [n, k]."""
-    return x.scatter(1, pos, torch.where(keep, tok, x.gather(1, pos)))
+    """x [n, G] with tok [n, k] written at pos [n, k] where keep [n, k] (kept positions are distinct; the others
+    may repeat them, as `rank` pads a draft longer than the masks, and must not write: so no scatter of old
+    values, whose order on repeated indices is undefined)."""
+    hits = torch.zeros_like(x).scatter_add(1, pos, keep.long())  # [n, G] 1 where an item is kept
+    values = torch.zeros_like(x).scatter_add(1, pos, torch.where(keep, tok, 0))  # [n, G] its token
+    return torch.where(hits > 0, values, x)
 
 
 def _candidates(gen: Tensor, pos: Tensor, tok: Tensor, valid: Tensor, n_chain: int, n_leaf: int

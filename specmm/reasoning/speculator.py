@@ -212,7 +212,10 @@ class StepSpeculator:
 
     @staticmethod
     def _seeds(seed, batch: int) -> list[int]:
-        seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            seeds = [seed + b for b in range(batch)]
+        else:
+            seeds = list(seed) if isinstance(seed, (list, tuple, range)) else []
         if len(seeds) != batch or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
             raise ValueError(f"seed: expected an int or {batch} ints (one per row), got {seed!r}")
         return seeds
@@ -234,7 +237,7 @@ class StepSpeculator:
         self.policy.bind(self)  # a policy shared by several speculators reads this one's tokenizer and models
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps: expected an integer >= 1 or None, got {max_steps!r}")
         if not isinstance(sampling, SamplingConfig):
             raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")  # noqa: TRY004
@@ -252,8 +255,11 @@ class StepSpeculator:
                              f"{self.policy.name} names no judge_suffix; use schedule='lockstep'")
         eos_token_id = self.tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
-        if any(not isinstance(e, int) or not 0 <= e < self.vocab_size for e in eos):
+        if any(isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < self.vocab_size for e in eos):
             raise ValueError(f"eos_token_id: expected ids in [0, {self.vocab_size}), got {eos_token_id!r}")
+        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+                                         or not 0 <= pad_token_id < self.vocab_size):
+            raise ValueError(f"pad_token_id: expected an id in [0, {self.vocab_size}), got {pad_token_id!r}")
         pad = pad_token_id if pad_token_id is not None else (self.tokenizer.pad_token_id or (eos[0] if eos else 0))
         gens = self._generators(seed, len(rows))
         keys = self._seeds(seed, len(rows)) if seed is not None else list(range(len(rows)))

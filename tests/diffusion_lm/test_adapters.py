@@ -63,6 +63,27 @@ def test_ssd_is_exact_through_a_hf_masked_lm():
     assert torch.equal(out.sequences, ref.sequences)
 
 
+def test_a_left_padded_row_through_a_hf_masked_lm_equals_the_row_alone():
+    """Absolute position embeddings (BERT) must count each row's real tokens, not its padding."""
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=64)
+    torch.manual_seed(2)
+    bert = BertForMaskedLM(config).double().eval()
+    ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 7, 8]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    batched = generate(bert, ids, 6, 6, method="ssd", mask_id=VOCAB - 1, attention_mask=mask)
+    alone = generate(bert, ids[1:, 2:], 6, 6, method="stepwise", mask_id=VOCAB - 1)
+    assert torch.equal(batched.sequences[1, 4:], alone.sequences[0, 2:])
+
+
+def test_a_mask_id_given_to_generate_leaves_the_models_own():
+    model = MaskedDiffusionLM(LLaDAConfig.from_dict(LLADA_CONFIG)).double().eval()
+    own = model.mask_id
+    ids = torch.tensor([[1, 2, 3]])
+    out = generate(model, ids, 4, 4, method="ssd", mask_id=own - 1)
+    assert model.mask_id == own and model.config.mask_token_id == own
+    assert torch.equal(out.sequences, generate(model, ids, 4, 4, method="stepwise", mask_id=own - 1).sequences)
+
+
 # ------------------------------------------------------------------ upstream folders, as published
 
 def save_sharded(state: dict, folder, prefix: str = "model") -> None:

@@ -32,6 +32,10 @@ def test_missing_mask_id():
     ({"draft_size": 0}, "draft_size"),
     ({"confidence": "entropy"}, "confidence"),
     ({"threshold": 1.5, "method": "threshold"}, "threshold"),
+    ({"gen_length": True, "block_length": 1}, "gen_length"),
+    ({"draft_size": 2.5}, "draft_size"),
+    ({"prophet_thresholds": (1.0,), "method": "prophet"}, "prophet_thresholds"),
+    ({"mask_id": 10_000}, "mask_id: 10000 is outside the model's vocabulary"),
 ])
 def test_bad_arguments(kwargs, name):
     args = {"gen_length": 8, "block_length": 4, **kwargs}
@@ -52,6 +56,12 @@ def test_padding_with_the_mask_id_and_bad_shapes():
         generate(tiny_dlm(), ids, 4, 4, attention_mask=torch.ones(1, 2))
     with pytest.raises(ValueError, match="input_ids"):
         generate(tiny_dlm(), ids[0], 4, 4)
+    with pytest.raises(ValueError, match="attention_mask: the last column must be all ones"):
+        generate(tiny_dlm(), torch.tensor([[3, 4, 0]]), 4, 4, attention_mask=torch.tensor([[1, 1, 0]]))
+    with pytest.raises(ValueError, match="attention_mask: expected 0 .* and 1 .* only"):
+        generate(tiny_dlm(), torch.tensor([[3, 4, 5]]), 4, 4, attention_mask=torch.tensor([[2, 1, 1]]))
+    with pytest.raises(ValueError, match=r"input_ids: token ids must be in \[0, "):
+        generate(tiny_dlm(), torch.tensor([[3, -4, 5]]), 4, 4)
 
 
 def test_prefix_cache_needs_a_model_with_one():

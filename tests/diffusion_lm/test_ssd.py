@@ -107,3 +107,19 @@ def test_batched_ssd_with_left_padding_equals_stepwise_row_by_row():
         alone = generate(model, ids[row][keep][None], 16, 4, method="stepwise")
         assert torch.equal(batched.sequences[row, 7:], alone.sequences[0, keep.sum():])
     assert batched.stats.target_forwards <= 16
+
+
+@pytest.mark.parametrize("toy, gen_length, draft_size", [(False, 1, 2), (False, 4, 8), (True, 2, 8)])
+def test_drafts_longer_than_the_masks_left_commit_each_token_once(toy, gen_length, draft_size):
+    """The ranking pads a draft longer than the masks by repeating a position: the padding must not overwrite the
+    tokens committed there (it looped forever on one mask and over-counted accepted tokens)."""
+    if toy:
+        model = ToyDLM(length=4 + gen_length, strength=0.05, seed=0)
+        ids = torch.randint(0, model.vocab - 1, (2, 4), generator=torch.Generator().manual_seed(0))
+    else:
+        model, ids = tiny_dlm(seed=0, std=0.6), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    ref = generate(model, ids, gen_length, gen_length, method="stepwise")
+    out = generate(model, ids, gen_length, gen_length, method="ssd", draft_size=draft_size)
+    assert torch.equal(out.sequences, ref.sequences)
+    histogram = out.stats.accepted_histogram
+    assert sum((i + 1) * count for i, count in enumerate(histogram)) == ids.shape[0] * gen_length

@@ -92,7 +92,11 @@ def test_generate_arguments_are_checked():
              ({"prompts": ["<BOS>1"], "max_new_tokens": 0}, "max_new_tokens"),
              ({"prompts": ["<BOS>1"], "sampling": 0.5}, "sampling"),
              ({"prompts": ["<BOS>1", "<BOS>2"], "seed": [1]}, "seed"),
-             ({"prompts": ["<BOS>1"], "eos_token_id": 999}, "eos_token_id")]
+             ({"prompts": ["<BOS>1"], "eos_token_id": 999}, "eos_token_id"),
+             ({"prompts": ["<BOS>1"], "eos_token_id": True}, "eos_token_id"),
+             ({"prompts": ["<BOS>1"], "pad_token_id": -1}, "pad_token_id"),
+             ({"prompts": ["<BOS>1"], "seed": 1.5}, "seed"), ({"prompts": ["<BOS>1"], "seed": True}, "seed"),
+             ({"prompts": ["<BOS>1"], "max_steps": True}, "max_steps")]
     cases += [({"prompts": ["<BOS>1"], "schedule": "eager"}, "schedule"),
               ({"prompts": ["<BOS>1"], "batch_size": 0}, "batch_size"),
               ({"prompts": ["<BOS>1"], "refill": True}, "refill"),  # lockstep batches do not refill
