@@ -7,7 +7,8 @@ The CLI sits on top of the library: one submodule per command group (`zoo`, `ben
 One error path: an expected failure (bad input, a file that cannot be read or loaded, an output another job
 holds, NaN in a model) prints `specmm: error: <what, which argument or file, what to do>` and exits with 2;
 `-v` (before or after the subcommand) also prints the traceback. Argument errors are argparse usage errors
-(exit 2 as well).
+(exit 2 as well). Ctrl-C prints one line (what a job finished stays in its output, for --resume) and exits with
+130, as shells expect of an interrupted command.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"specmm: error: {describe(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if verbose:
+            traceback.print_exc()
+        print("specmm: interrupted; what a job had finished is kept in its output (rerun with --resume to go on)",
+              file=sys.stderr)
+        return 130
 
 
 __all__ = ["build_parser", "describe", "expected_errors", "main"]

@@ -35,9 +35,10 @@ def cmd_sample_continuous(args) -> int:
     from specmm.image_ar.continuous.latents import decode
     from specmm.image_ar.images import to_pil
     from specmm.jobs import fingerprint
+    from specmm.jobs.job import check_output_path
     from specmm.jobs.shards import Processes, process_device, shared_job
 
-    out = Path(args.out)
+    out = check_output_path(args.out, "--out", folder=True)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     model_folder("--target", args.target)
     model_folder("--vae", args.vae)

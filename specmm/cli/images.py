@@ -111,8 +111,10 @@ def save_batch(out: Path, batch: list, images, prefix: str = "class") -> int:
 def cmd_sample_images(args) -> int:
     from specmm.image_ar import ImageDrafter
     from specmm.image_ar.methods import NEEDS_DRAFTER, make_sampler
+    from specmm.jobs.job import check_output_path
     from specmm.jobs.shards import process_device
 
+    check_output_path(args.out, "--out", folder=True)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     stock = check_source(args)
     if args.method in NEEDS_DRAFTER and not args.drafter:

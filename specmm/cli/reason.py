@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -111,12 +110,34 @@ def _policy(args, models, tokenizer):
                 JudgeTemplate.from_text(tokenizer, "<JUDGE>") if models is not None else None)
         except ValueError as err:
             raise ValueError(f"--judge: {err}") from None
-        return SpecReason(7.0 if args.threshold is None else args.threshold, template=template, method="expected")
+        return SpecReason(policy_threshold(args.policy, args.threshold), template=template, method="expected")
     if args.policy == "arbitrage":
         if models is None:
             raise ValueError("--policy arbitrage: needs the zoo's router (use --zoo)")
-        return Arbitrage(models.router, 0.5 if args.threshold is None else args.threshold)
-    return RandomRouting(0.5 if args.threshold is None else args.threshold, seed=args.seed)
+        return Arbitrage(models.router, policy_threshold(args.policy, args.threshold))
+    return RandomRouting(policy_threshold(args.policy, args.threshold), seed=args.seed)
+
+
+THRESHOLDS = {"specreason": (7.0, 0.0, 9.0, "the judge's 0-9 score"),
+              "arbitrage": (0.5, 0.0, 1.0, "the router's probability"),
+              "random": (0.5, 0.0, 1.0, "an escalation probability")}  # policy: (default, low, high, what)
+
+
+def policy_threshold(policy: str, threshold: float | None) -> float | None:
+    """`--threshold` of `policy` (its default when unset), checked before any model loads; None for a policy
+    without one (refusing a threshold given to it)."""
+    if policy not in THRESHOLDS:
+        if threshold is not None:
+            raise ValueError(f"--threshold: --policy {policy} has no threshold (it is for "
+                             f"{', '.join(THRESHOLDS)})")
+        return None
+    default, low, high, what = THRESHOLDS[policy]
+    if threshold is None:
+        return default
+    if not low <= threshold <= high:
+        raise ValueError(f"--threshold: --policy {policy} takes a number in [{low:g}, {high:g}] ({what}), got "
+                         f"{threshold:g}")
+    return threshold
 
 
 def item_keys(prompts: list[str]) -> list[str]:
@@ -172,19 +193,17 @@ def _load_models(args, device):
 def cmd_reason(args) -> int:
     from specmm.core.context import check_budget, context_limit, context_problem
     from specmm.core.sampling import SamplingConfig
-    from specmm.jobs import Job, pending_batches
+    from specmm.jobs import Job, check_file_output, pending_batches
     from specmm.jobs.shards import Processes, ShardedJournal, process_device
     from specmm.reasoning import StepSpeculator
 
     if args.refill and args.schedule != "async":
         raise ValueError("--refill: waiting prompts join a running batch only with --schedule async")
-    out = Path(args.out)
-    if out.is_dir():
-        raise ValueError(f"--out: {out} is a folder, expected a .jsonl file")
-    if out.is_file() and out.stat().st_size and not (args.resume or args.force):
-        raise ValueError(f"--out: {out} exists; pass --resume to continue it, --force to start over, or choose "
-                         "another file")
+    threshold = policy_threshold(args.policy, args.threshold)
+    out = check_file_output(args.out, args.resume, args.force, "--out")
     prompts = read_text_lines("--prompts", args.prompts) if args.prompts else None
+    if prompts == []:
+        raise ValueError(f"--prompts: {args.prompts} holds no prompt (one per line)")
     sampling = SamplingConfig(temperature=args.temperature)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     target, draft, tokenizer, models, delimiter, prints = _load_models(args, device)
@@ -197,7 +216,7 @@ def cmd_reason(args) -> int:
     limits = [x for x in (context_limit(target), context_limit(draft)) if x is not None]
     limit = min(limits) if limits else None
     check_budget(args.max_new_tokens, limit, "--max-new-tokens", extra)
-    settings = {"policy": spec.policy.name, "judge": args.judge, "delimiter": repr(delimiter),
+    settings = {"policy": spec.policy.name, "threshold": threshold, "judge": args.judge, "delimiter": repr(delimiter),
                 "max_step_tokens": args.max_step_tokens, "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "seed": args.seed, **prints}
     # every row draws from its own generators (random routing too): batches and schedule leave rollouts unchanged

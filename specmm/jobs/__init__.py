@@ -21,11 +21,11 @@ from specmm.jobs.atomic import (
     remove_temporaries,
 )
 from specmm.jobs.content import file_key, fingerprint, text_key
-from specmm.jobs.job import Job, differences
+from specmm.jobs.job import Job, check_file_output, differences
 from specmm.jobs.journal import Journal
 from specmm.jobs.lock import JobLockedError, OutputLock
 from specmm.jobs.plan import pending_batches
 
 __all__ = ["Job", "JobLockedError", "Journal", "OutputLock", "atomic_save_image", "atomic_write_bytes",
-           "atomic_write_json", "atomic_write_text", "atomic_writer", "differences", "file_key", "fingerprint",
-           "pending_batches", "remove_temporaries", "text_key"]
+           "atomic_write_json", "atomic_write_text", "atomic_writer", "check_file_output", "differences", "file_key",
+           "fingerprint", "pending_batches", "remove_temporaries", "text_key"]

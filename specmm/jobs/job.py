@@ -5,9 +5,13 @@ hidden `.<out>.lock` or `<out>/.job.lock`) records the job kind and every settin
 seed, sampling, content fingerprints of the models; see `specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
 adding images to a folder and resuming does the new ones only.
 
+The output is addressed by its real path (symlinks resolved), so two spellings of one file share one lock and
+one manifest. A file output's results are the file and the part files a multi-process run writes next to it
+(`.<out>.part<rank>`, see `specmm.jobs.shards`): a killed run's parts are results of that run's job.
+
 Opening a job (`with Job(...) as job:`):
 - takes the output's lock (`specmm.jobs.lock`), refusing a second concurrent run;
-- an output without results (missing, an empty file, a folder without the job's files) starts fresh;
+- an output without results (missing, an empty file and no parts, a folder without the job's files) starts fresh;
 - with results: `force` deletes them and starts over; `resume` continues only when the stored manifest equals
   this run's (otherwise a ValueError names each setting that differs); neither is a ValueError;
 - clears temporaries left by killed atomic writes, then writes this run's manifest atomically.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,35 +48,80 @@ def differences(stored: dict, current: dict) -> list[str]:
     return out
 
 
+def part_path(out: str | Path, rank: int) -> Path:
+    """The part file process `rank` of a multi-process run appends to, next to the file output `out`."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.part{rank}")
+
+
+def leftover_parts(out: str | Path) -> list[Path]:
+    """The part files next to the file output `out` (left by a run that was killed before merging them)."""
+    out = Path(out)
+    return sorted(p for p in out.parent.glob(f".{out.name}.part*") if p.is_file() and p.name[len(out.name) + 6:]
+                  .isdigit())
+
+
+def check_output_path(out: str | Path, argument: str = "--out", folder: bool = False) -> Path:
+    """Refuse, before any work, an output that cannot be written: a folder where a file goes (or the reverse), or
+    a path under a file."""
+    out = Path(out)
+    if folder and out.exists() and not out.is_dir():
+        raise ValueError(f"{argument}: {out} is a file, expected a folder")
+    if not folder and out.is_dir():
+        raise ValueError(f"{argument}: {out} is a folder, expected a file")
+    parent = next((p for p in Path(os.path.abspath(out)).parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{argument}: {out} cannot be written: {parent} is a file, not a folder")
+    return out
+
+
+def check_file_output(out: str | Path, resume: bool, force: bool, argument: str = "--out") -> Path:
+    """Refuse, before any model loads, a file output that cannot be written or that holds results (the file or
+    a killed run's part files) while neither `resume` nor `force` is given."""
+    out = check_output_path(out, argument)
+    flags = ("--resume", "--force") if argument.startswith("--") else ("resume=True", "force=True")
+    if resume or force:
+        return out
+    if out.is_file() and out.stat().st_size > 0:
+        raise ValueError(f"{argument}: {out} exists and is not empty; resume it ({flags[0]}), start over "
+                         f"({flags[1]}) or choose another file")
+    if leftover_parts(out):
+        raise ValueError(f"{argument}: {out} has part files of an interrupted multi-process run next to it; resume "
+                         f"that job ({flags[0]}), start over ({flags[1]}) or choose another file")
+    return out
+
+
 class Job:
     """One run writing `out` (a file, or a folder when `folder=True`) for job `kind` with `settings`.
 
     `owned`: glob patterns of the files a folder job writes (what `force` deletes and what counts as results).
-    `argument`: the CLI argument naming the output, used in every message.
+    `argument`: the CLI argument naming the output, used in every message (which show `out` as given).
     """
 
     def __init__(self, out: str | Path, kind: str, settings: dict, *, resume: bool = False, force: bool = False,
                  folder: bool = False, owned: Sequence[str] = (), argument: str = "--out"):
-        self.out, self.kind, self.settings = Path(out), kind, _normal(settings)
+        self.shown, self.kind, self.settings = Path(out), kind, _normal(settings)
+        self.out = Path(os.path.realpath(out))  # one lock and manifest however the output is spelled
         self.resume, self.force, self.folder, self.owned, self.argument = resume, force, folder, tuple(owned), argument
         if folder:
             self.manifest_path, lock_path = self.out / "job.json", self.out / ".job.lock"
         else:
             self.manifest_path = self.out.with_name(self.out.name + ".job.json")
             lock_path = self.out.with_name(f".{self.out.name}.lock")
-        self.lock = OutputLock(lock_path, argument, self.out)
+        self.lock = OutputLock(lock_path, argument, self.shown)
         self.resumed = False
 
     # ------------------------------------------------------------------ what is there
     def _check_kind_of_output(self) -> None:
         if self.folder and self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"{self.argument}: {self.out} is a file, expected a folder")
+            raise ValueError(f"{self.argument}: {self.shown} is a file, expected a folder")
         if not self.folder and self.out.is_dir():
-            raise ValueError(f"{self.argument}: {self.out} is a folder, expected a file")
+            raise ValueError(f"{self.argument}: {self.shown} is a folder, expected a file")
 
     def result_files(self) -> list[Path]:
         if not self.folder:
-            return [self.out] if self.out.is_file() and self.out.stat().st_size > 0 else []
+            whole = [self.out] if self.out.is_file() and self.out.stat().st_size > 0 else []
+            return whole + leftover_parts(self.out)
         return sorted({p for pattern in self.owned for p in self.out.glob(pattern) if p.is_file()})
 
     def stored_manifest(self) -> dict | None:
@@ -100,23 +150,23 @@ class Job:
     def _open(self) -> None:
         results = self.result_files()
         if results and self.force:
-            logger.warning("%s: --force: deleting %d result file(s) of the previous job", self.out, len(results))
+            logger.warning("%s: --force: deleting %d result file(s) of the previous job", self.shown, len(results))
             for path in results:
                 path.unlink()
         elif results and not self.resume:
-            raise ValueError(f"{self.argument}: {self.out} already holds results; pass {self._flag('resume')} to "
+            raise ValueError(f"{self.argument}: {self.shown} already holds results; pass {self._flag('resume')} to "
                              f"continue that job, {self._flag('force')} to start over, or choose another output")
         elif results:
             stored = self.stored_manifest()
             if stored is None:
-                raise ValueError(f"{self.argument}: {self.out} holds results but no readable job manifest "
+                raise ValueError(f"{self.argument}: {self.shown} holds results but no readable job manifest "
                                  f"({self.manifest_path}; written by an older specmm or by hand), so resuming could "
                                  f"mix different work; pass {self._flag('force')} to start over or choose another "
                                  "output")
             found = differences({"job": stored.get("job"), **stored.get("settings", {})},
                                 {"job": self.kind, **self.settings})
             if found:
-                raise ValueError(f"{self.argument}: {self.out} holds a different job ({'; '.join(found)}); resume it "
+                raise ValueError(f"{self.argument}: {self.shown} holds a different job ({'; '.join(found)}); resume it "
                                  f"with its own arguments, pass {self._flag('force')} to start over, or choose "
                                  "another output")
             self.resumed = True
@@ -128,4 +178,4 @@ class Job:
         self.lock.release()
 
 
-__all__ = ["Job", "differences"]
+__all__ = ["Job", "check_file_output", "check_output_path", "differences", "leftover_parts", "part_path"]

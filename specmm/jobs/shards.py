@@ -6,8 +6,9 @@
 - Only the main process holds the output's lock and manifest (`specmm.jobs.job`). With several processes each one
   appends its records to its own part file (the hidden `.<out>.part<rank>`), and the main process merges the parts
   into the output, in input order, once every process is done: the lines a single-process run writes.
-- Part files left by a killed run (any process count) are merged into the output when the next run opens it, so
-  `--resume` matches items by key whatever the process count was.
+- Part files left by a killed run (any process count) are results of that run's job (`Job` counts them): a rerun
+  without --resume or --force is refused, --force deletes them, and --resume (the same job only) merges them into
+  the output before anything new is written, so items match by key whatever the process count was.
 - A process that raises logs its rank before it dies; `accelerate launch` (torch elastic) then stops the others
   and fails the job naming the failed rank.
 """
@@ -21,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from specmm.jobs.job import Job
+from specmm.jobs.job import Job, leftover_parts, part_path
 from specmm.jobs.journal import Journal
 
 logger = logging.getLogger(__name__)
@@ -88,16 +89,6 @@ def process_device(device: str):
     if device.type == "cuda" and device.index is None and rank is not None:
         return torch.device("cuda", int(rank))
     return device
-
-
-def part_path(out: str | Path, rank: int) -> Path:
-    out = Path(out)
-    return out.with_name(f".{out.name}.part{rank}")
-
-
-def leftover_parts(out: str | Path) -> list[Path]:
-    out = Path(out)
-    return sorted(p for p in out.parent.glob(f".{out.name}.part*") if p.is_file())
 
 
 def _open_on_main(job: Job, processes: Processes) -> None:

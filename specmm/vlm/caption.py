@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from specmm.core.context import context_limit, context_problem
 from specmm.core.sampling import GREEDY, SamplingConfig
 from specmm.core.stats import CaptionExtras, GenerationStats
-from specmm.jobs import Job, file_key, pending_batches
+from specmm.jobs import Job, check_file_output, file_key, pending_batches
 from specmm.jobs.shards import Processes, ShardedJournal
 from specmm.vlm.pipeline import SpeculativeVLM
 
@@ -52,14 +52,9 @@ def find_images(spec: str | Path) -> list[Path]:
 
 
 def check_output(out_path: str | Path, resume: bool, force: bool = False, argument: str = "out_path") -> None:
-    """Refuse (before any model is loaded) a folder, or a non-empty output file without resume or force."""
-    out_path = Path(out_path)
-    if out_path.is_dir():
-        raise ValueError(f"{argument}: {out_path} is a folder, expected a .jsonl file")
-    if not (resume or force) and out_path.is_file() and out_path.stat().st_size > 0:
-        flags = ("--resume", "--force") if argument.startswith("--") else ("resume=True", "force=True")
-        raise ValueError(f"{argument}: {out_path} exists and is not empty; resume it ({flags[0]}), start over "
-                         f"({flags[1]}) or choose another file")
+    """Refuse (before any model is loaded) a folder, an unwritable path, or an output holding results (the file
+    or a killed multi-process run's parts) without resume or force."""
+    check_file_output(out_path, resume, force, argument)
 
 
 def _load(path: Path) -> Image.Image | str:

@@ -79,3 +79,25 @@ def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main([*images_args(tmp_path), "--device", "tpu"])
     assert "argument --device: expected" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    import specmm.cli.images as images
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(images, "check_source", interrupted)
+    assert main(images_args(tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "specmm: interrupted; what a job had finished is kept" in err
+
+
+def test_an_image_folder_that_cannot_be_made_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import specmm.cli.images as images
+
+    monkeypatch.setattr(images, "check_source", lambda args: pytest.fail("sources read before the refusal"))
+    (tmp_path / "out").write_text("a file where the folder goes")
+    assert main(images_args(tmp_path)) == 2
+    assert f"--out: {tmp_path / 'out'} is a file, expected a folder" in error_line(capsys)
+    assert main([*images_args(tmp_path)[:-1], str(tmp_path / "out" / "sub")]) == 2
+    assert "cannot be written: " in error_line(capsys)

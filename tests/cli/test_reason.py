@@ -152,3 +152,33 @@ def test_async_schedule_with_refill_writes_the_rollouts_of_lockstep(tiny_zoo, tm
         assert a["behaviour_logprobs"] == pytest.approx(b["behaviour_logprobs"], abs=1e-5)
     assert main([*BASE, "--out", str(tmp_path / "o.jsonl"), "--problems", "2", "--refill"]) == 2
     assert "--refill: waiting prompts join a running batch only with --schedule async" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompts", "{empty}"], "--prompts: {empty} holds no prompt"),
+    (["--policy", "specreason", "--threshold", "9.5"], "--threshold: --policy specreason takes a number in [0, 9]"),
+    (["--policy", "arbitrage", "--threshold", "1.5"], "--threshold: --policy arbitrage takes a number in [0, 1]"),
+    (["--policy", "target-only", "--threshold", "0.5"], "--threshold: --policy target-only has no threshold"),
+    (["--out", "{file}/o.jsonl"], "cannot be written: {file} is a file"),
+])
+def test_bad_prompts_thresholds_and_outputs_are_refused_before_any_model_loads(tmp_path, capsys, monkeypatch,
+                                                                               extra, message):
+    import specmm.cli.reason as reason
+
+    monkeypatch.setattr(reason, "_load_models", lambda *a: pytest.fail("models loaded before the refusal"))
+    names = {"empty": tmp_path / "empty.txt", "file": tmp_path / "file"}
+    names["empty"].write_text("\n  \n")
+    names["file"].write_text("x")
+    fill = lambda text: text.format(**names)  # noqa: E731
+    argv = [*BASE, "--out", str(tmp_path / "o.jsonl"), *[fill(a) for a in extra]]
+    assert main(argv) == 2
+    assert fill(message) in capsys.readouterr().err
+
+
+def test_resume_with_another_threshold_is_refused_even_when_names_round_alike(tiny_zoo, tmp_path, capsys):
+    tiny_zoo("chainarith")
+    out = tmp_path / "out.jsonl"
+    args = [a if a != "0.5" else "0.501" for a in BASE]  # RandomRouting's name shows p to two decimals
+    assert main([*args, "--out", str(out), "--problems", "2"]) == 0
+    assert main([*BASE, "--out", str(out), "--problems", "2", "--resume"]) == 2
+    assert "threshold: 0.501 -> 0.5" in capsys.readouterr().err

@@ -67,3 +67,51 @@ def test_pending_batches_are_fixed_slices_of_the_job():
     assert pending_batches(items, 3, lambda i: i in {0, 1, 2, 3, 6}) == [[3, 4, 5]]  # not [[4, 5]]
     with pytest.raises(ValueError, match="batch_size: expected an integer >= 1, got 0"):
         pending_batches(items, 0, lambda i: False)
+
+
+def test_part_files_of_a_killed_run_are_results_of_its_job(tmp_path):
+    """A killed multi-process run leaves only `.out.part<rank>` files: another job may not merge them, --force
+    deletes them, and only the same job resumes (and merges) them."""
+    from specmm.jobs import check_file_output
+    from specmm.jobs.shards import Processes, ShardedJournal, part_path
+
+    out = tmp_path / "out.jsonl"
+    with Job(out, "caption", SETTINGS):
+        part_path(out, 1).write_text('{"image": "b", "caption": "old"}\n')  # the killed run's rank 1
+    with pytest.raises(ValueError, match="part files of an interrupted multi-process run"):
+        check_file_output(out, resume=False, force=False)
+    with pytest.raises(ValueError, match="already holds results"):
+        Job(out, "caption", {**SETTINGS, "seed": 1}).__enter__()
+    with pytest.raises(ValueError, match="holds a different job .*seed: 0 -> 1"):
+        Job(out, "caption", {**SETTINGS, "seed": 1}, resume=True).__enter__()
+    assert part_path(out, 1).exists() and not out.exists()
+    with ShardedJournal(Job(out, "caption", SETTINGS, resume=True), "image", Processes()) as journal:
+        assert journal.done_keys == {"b"}  # the same job: merged into the output before anything new
+    assert out.read_text() == '{"image": "b", "caption": "old"}\n' and not part_path(out, 1).exists()
+    part_path(out, 0).write_text('{"image": "c"}\n')
+    with ShardedJournal(Job(out, "caption", {**SETTINGS, "seed": 1}, force=True), "image", Processes()) as journal:
+        assert journal.done_keys == set()
+    assert not out.exists() and not part_path(out, 0).exists()
+
+
+def test_two_spellings_of_one_output_share_its_lock_and_manifest(tmp_path):
+    real = tmp_path / "real.jsonl"
+    (tmp_path / "link.jsonl").symlink_to(real)
+    (tmp_path / "alias").symlink_to(tmp_path)
+    with Job(real, "caption", SETTINGS):
+        for other in (tmp_path / "link.jsonl", tmp_path / "alias" / "real.jsonl"):
+            with pytest.raises(JobLockedError, match=f"--out: {other} is being written"):
+                Job(other, "caption", SETTINGS).__enter__()
+        real.write_text('{"image": "a"}\n')
+    with pytest.raises(ValueError, match="holds a different job .*seed: 0 -> 1"):  # the real file's manifest
+        Job(tmp_path / "link.jsonl", "caption", {**SETTINGS, "seed": 1}, resume=True).__enter__()
+
+
+def test_an_output_under_a_file_is_refused_before_work(tmp_path):
+    from specmm.jobs import check_file_output
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"--out: .*file/sub/out.jsonl cannot be written: .*file is a file"):
+        check_file_output(tmp_path / "file" / "sub" / "out.jsonl", resume=False, force=True)
+    with pytest.raises(ValueError, match="is a folder, expected a file"):
+        check_file_output(tmp_path, resume=True, force=False)
