@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if verbose:
             traceback.print_exc()
-        print("specmm: interrupted; what a job had finished is kept in its output (rerun with --resume to go on)",
+        print("specmm: interrupted; what was finished is kept (a job or bench with --resume goes on from there)",
               file=sys.stderr)
         return 130
 

@@ -190,8 +190,11 @@ def llamagen_settings(args) -> dict:
     """What of a LlamaGen job's source changes its output: the checkpoints' fingerprints and the configs."""
     from specmm.jobs import fingerprint
 
+    def config(value) -> str:  # a preset by name, a JSON file by content (edited in place: another job)
+        return fingerprint(value) if value is not None and Path(value).is_file() else str(value)
+
     settings = {"gpt": fingerprint(args.gpt_ckpt), "vq": fingerprint(args.vq_ckpt),
-                "gpt_config": str(args.gpt_config), "vq_config": str(args.vq_config)}
+                "gpt_config": config(args.gpt_config), "vq_config": config(args.vq_config)}
     if args.dtype != torch.float32:  # float32 jobs keep the settings they had before --dtype served LlamaGen
         settings["dtype"] = str(args.dtype)
     return settings

@@ -89,7 +89,7 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(images, "check_source", interrupted)
     assert main(images_args(tmp_path)) == 130
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "specmm: interrupted; what a job had finished is kept" in err
+    assert "Traceback" not in err and "specmm: interrupted; what was finished is kept" in err
 
 
 def test_an_image_folder_that_cannot_be_made_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):

@@ -113,3 +113,17 @@ def test_dtype_puts_the_llamagen_gpt_in_it_and_the_job_records_it(tmp_path, monk
     assert len(pngs(out)) == 2
     assert main([*ARGS, "--classes", "1", "--method", "sjd", "--out", str(tmp_path / "f32")]) == 0
     assert "dtype" not in json.loads((tmp_path / "f32" / "job.json").read_text())["settings"]
+
+
+def test_a_config_file_edited_in_place_is_another_job(tmp_path, capsys):
+    """LlamaGen configs given as files are recorded by content: the same path with another rope_base (other
+    images) refuses to resume."""
+    config = tmp_path / "gpt.json"
+    config.write_text((FIXTURES / "gpt_c2i_config.json").read_text())
+    args = [*ARGS, "--classes", "1", "--per-class", "1", "--method", "ar", "--out", str(tmp_path / "out")]
+    args[args.index("--gpt-config") + 1] = str(config)
+    assert main(args) == 0
+    config.write_text(config.read_text().replace('"rope_base": 10000', '"rope_base": 500'))
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    assert "gpt_config: " in capsys.readouterr().err
