@@ -30,6 +30,10 @@ from transformers import (
 # inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off here
 # (read when specmm is first imported, after this file) but in the test that sets `compiled.CPP_WRAPPER` itself
 os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
+# compiled mode captures its graphs with AOT autograd but generates no kernels (`aot_eager`): on a fresh machine
+# inductor's C++ compile costs seconds per graph, minutes over the suite; the tests that check inductor's kernels
+# ask for them with the `inductor` fixture
+os.environ.setdefault("SPECMM_COMPILE_BACKEND", "aot_eager")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)
 if WORKER:
     torch.set_num_threads(1)  # one worker per core: intra-op threads would only contend
@@ -53,6 +57,12 @@ MORE_ARCHITECTURES = {
                                                      "intermediate_size_mlp": 64, "num_local_experts": 2,
                                                      "interleave_moe_layer_step": 2}),
 }
+
+
+@pytest.fixture
+def inductor(monkeypatch):
+    """Compiled mode on inductor's kernels (the suite's default is graph capture only: `aot_eager`)."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "inductor")
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, dtype=torch.float64, vocab: int = VOCAB, logit_scale: float = 1.0,

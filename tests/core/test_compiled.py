@@ -1,9 +1,9 @@
 """Compiled mode (`compile=True`): the same tokens as eager and HF `generate`, the target's law when
 sampling, and at most one host sync per round. Few and small: every new shape costs a compile.
 
-Llama (chain and dynamic tree) and EAGLE run the real inductor backend; the other cases run the
-`aot_eager` backend, which captures the same graphs over the same static caches without generating
-kernels (kernel codegen is torch's, and would make the suite minutes longer on 2 cores)."""
+Llama (chain and dynamic tree), EAGLE and the C++ wrapper run the real inductor backend (the `inductor` fixture);
+the other cases run the suite's `aot_eager` backend, which captures the same graphs over the same static caches
+without generating kernels (kernel codegen is torch's, and would make the suite minutes longer on 2 cores)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ TREE_KINDS = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dyna
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
 def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(arch, monkeypatch):
-    if arch not in INDUCTOR_ARCHS:
-        monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", "inductor" if arch in INDUCTOR_ARCHS else "aot_eager")
     target = tiny_model(arch)
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([3, 8, 5], seed=4)
@@ -59,7 +58,7 @@ def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(ar
         assert compiled.whole_round, f"{arch}/{name}: the round did not compile as one graph"
 
 
-def test_compiled_eagle_greedy_equals_generate():
+def test_compiled_eagle_greedy_equals_generate(inductor):
     target = tiny_model("llama")
     torch.manual_seed(0)
     drafter = EagleDrafter.for_target(target)
@@ -71,7 +70,7 @@ def test_compiled_eagle_greedy_equals_generate():
     assert gen.whole_round  # inductor kernels for the whole round: forwards, tree growth, walk, commits
 
 
-def test_compiled_rounds_under_the_cpp_wrapper_equal_generate_and_so_does_hfs_static_baseline(monkeypatch):
+def test_compiled_rounds_under_the_cpp_wrapper_equal_generate_and_so_does_hfs_static_baseline(inductor, monkeypatch):
     """Compiled mode's default on a CPU machine: inductor's C++ wrapper, for specmm's graphs and the HF baseline."""
     from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
     from specmm.core import compiled

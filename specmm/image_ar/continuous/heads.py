@@ -184,5 +184,9 @@ def compile_chain(head: Head) -> Head:
     not arithmetic, sets its latency; compiled (C++ wrapper on a machine without CUDA, so no Python per kernel), a
     depth-3 T=4 chain takes 0.3 ms instead of 1.4 ms on a CPU core. The first row count is compiled static, a second
     one makes it dynamic. Same math; results agree with the eager chain to float rounding. Returns the head."""
-    head.sample = torch.compile(head.sample, options=inductor_options(None))  # compiled mode's wrapper choice
+    from specmm.core import compiled
+
+    inductor = compiled.BACKEND == "inductor"  # compiled mode's backend and wrapper choice
+    head.sample = torch.compile(head.sample, backend=compiled.BACKEND,
+                                options=inductor_options(None) if inductor else None)
     return head
