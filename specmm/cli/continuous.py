@@ -5,7 +5,6 @@ manifest: a resumed job re-samples whole batches and gets exactly the images of 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 

@@ -1,9 +1,9 @@
 """Compiled mode (`compile=True`): the same tokens as eager and HF `generate`, the target's law when
 sampling, and at most one host sync per round. Few and small: every new shape costs a compile.
 
-Llama (chain and dynamic tree), EAGLE and the C++ wrapper run the real inductor backend (the `inductor` fixture);
-the other cases run the suite's `aot_eager` backend, which captures the same graphs over the same static caches
-without generating kernels (kernel codegen is torch's, and would make the suite minutes longer on 2 cores)."""
+These run the suite's `aot_eager` backend, which captures the same graphs over the same static caches without
+generating kernels (inductor's C++ compile would make the suite minutes longer on 2 cores); `test_compiled_kernels`
+runs inductor's kernels themselves."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ from specmm.drafters import EagleDrafter, ModelDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 from tests.core.test_engine_sampling import SAMPLINGS, TREES, assert_matches, exact_joint, models
 
-INDUCTOR_ARCHS = ("llama",)
-
-
 @pytest.fixture
 def capture_only(monkeypatch):
     """Compile with the aot_eager backend (graph capture, no kernel codegen)."""
@@ -33,8 +30,14 @@ TREE_KINDS = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dyna
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma"])
-def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(arch, monkeypatch):
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "inductor" if arch in INDUCTOR_ARCHS else "aot_eager")
+def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(arch, capture_only):
+    for name, tree in TREE_KINDS.items():
+        ragged_batch_with_eos_equals_generate(arch, name, tree)
+
+
+def ragged_batch_with_eos_equals_generate(arch: str, name: str, tree: specmm.TreeSpec) -> None:
+    """Compiled greedy tokens of a ragged batch (row 1 stops at EOS early) equal HF `generate` and eager mode's,
+    with the same per-row forwards; a second call compiles nothing; the round runs as one graph."""
     target = tiny_model(arch)
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([3, 8, 5], seed=4)
@@ -42,23 +45,21 @@ def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(ar
     eos = int(free[1, ids.shape[1] + 6])  # row 1 stops early, the others run on
     reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16, pad_token_id=0,
                                 eos_token_id=eos)
-    for name, tree in TREE_KINDS.items():
-        kwargs = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=0)
-        eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
-        compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
-        out = compiled.generate(ids, **kwargs)
-        width = reference.shape[1]
-        assert torch.equal(out.sequences[:, :width], reference), f"{arch}/{name}: compiled != generate"
-        assert torch.equal(out.sequences, eager.sequences), f"{arch}/{name}: compiled != eager"
-        assert out.stats.target_forwards_per_row == eager.stats.target_forwards_per_row
-        assert out.stats.accepted_histogram == eager.stats.accepted_histogram
-        again = compiled.generate(ids, **kwargs)  # same shapes: nothing is compiled a second time
-        assert torch.equal(again.sequences, out.sequences) and again.stats.compile_time_s == 0.0
-        # inductor too: a chain's round masks are constants, whose gather once made uncompilable C++ (per part)
-        assert compiled.whole_round, f"{arch}/{name}: the round did not compile as one graph"
+    kwargs = dict(attention_mask=mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=0)
+    eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
+    compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
+    out = compiled.generate(ids, **kwargs)
+    width = reference.shape[1]
+    assert torch.equal(out.sequences[:, :width], reference), f"{arch}/{name}: compiled != generate"
+    assert torch.equal(out.sequences, eager.sequences), f"{arch}/{name}: compiled != eager"
+    assert out.stats.target_forwards_per_row == eager.stats.target_forwards_per_row
+    assert out.stats.accepted_histogram == eager.stats.accepted_histogram
+    again = compiled.generate(ids, **kwargs)  # same shapes: nothing is compiled a second time
+    assert torch.equal(again.sequences, out.sequences) and again.stats.compile_time_s == 0.0
+    assert compiled.whole_round, f"{arch}/{name}: the round did not compile as one graph"
 
 
-def test_compiled_eagle_greedy_equals_generate(inductor):
+def test_compiled_eagle_greedy_equals_generate(capture_only):
     target = tiny_model("llama")
     torch.manual_seed(0)
     drafter = EagleDrafter.for_target(target)
@@ -67,32 +68,7 @@ def test_compiled_eagle_greedy_equals_generate(inductor):
     gen = specmm.SpeculativeGenerator(target, drafter, tree=TREE_KINDS["dynamic"], compile=True)
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(out.sequences, reference)
-    assert gen.whole_round  # inductor kernels for the whole round: forwards, tree growth, walk, commits
-
-
-def test_compiled_rounds_under_the_cpp_wrapper_equal_generate_and_so_does_hfs_static_baseline(inductor, monkeypatch):
-    """Compiled mode's default on a CPU machine: inductor's C++ wrapper, for specmm's graphs and the HF baseline."""
-    from specmm.bench.fast_path import hf_compile_scope, hf_compiled, hf_static_compile_kwargs
-    from specmm.core import compiled
-
-    monkeypatch.setattr(compiled, "CPP_WRAPPER", True)
-    if torch.cuda.is_available():
-        pytest.skip("the C++ wrapper is compiled mode's default only without CUDA")
-    assert compiled.inductor_options(None) == {"cpp_wrapper": True} and compiled.inductor_options(GRAPHED) == {}
-    target = tiny_model("llama")
-    ids, mask = left_padded_batch([4, 7], seed=3)
-    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
-    gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=TREE_KINDS["chain"],
-                                      compile=True)
-    out = gen.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=0)
-    assert torch.equal(out.sequences, reference) and gen.whole_round
-    with hf_compile_scope(target):
-        kwargs = hf_static_compile_kwargs(target)
-        assert kwargs["compile_config"].options == {"cpp_wrapper": True}
-        baseline = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0,
-                                   **kwargs)
-        assert hf_compiled(target)
-    assert torch.equal(baseline, reference)
+    assert gen.whole_round  # the whole round as one graph: forwards, tree growth, walk, commits
 
 
 def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only):
