@@ -5,7 +5,6 @@ manifest: a resumed job re-samples whole batches and gets exactly the images of 
 
 from __future__ import annotations
 
-
 import torch
 
 from specmm.cli.common import float_range, loading, model_folder, nonnegative_int, positive_int

@@ -86,7 +86,7 @@ def add_parsers(sub, bench_sub) -> None:
     bench.set_defaults(func=cmd_bench_reasoning)
 
 
-def _policy(args, models, tokenizer):
+def _policy(args, threshold, models, tokenizer):
     from specmm.reasoning import (
         Arbitrage,
         DraftOnly,
@@ -110,12 +110,12 @@ def _policy(args, models, tokenizer):
                 JudgeTemplate.from_text(tokenizer, "<JUDGE>") if models is not None else None)
         except ValueError as err:
             raise ValueError(f"--judge: {err}") from None
-        return SpecReason(policy_threshold(args.policy, args.threshold), template=template, method="expected")
+        return SpecReason(threshold, template=template, method="expected")
     if args.policy == "arbitrage":
         if models is None:
             raise ValueError("--policy arbitrage: needs the zoo's router (use --zoo)")
-        return Arbitrage(models.router, policy_threshold(args.policy, args.threshold))
-    return RandomRouting(policy_threshold(args.policy, args.threshold), seed=args.seed)
+        return Arbitrage(models.router, threshold)
+    return RandomRouting(threshold, seed=args.seed)
 
 
 THRESHOLDS = {"specreason": (7.0, 0.0, 9.0, "the judge's 0-9 score"),
@@ -209,7 +209,7 @@ def cmd_reason(args) -> int:
     target, draft, tokenizer, models, delimiter, prints = _load_models(args, device)
     if prompts is None:  # the zoo build (--target requires --prompts)
         prompts = [p.prompt for p in models.heldout_problems(args.problems)]
-    policy = _policy(args, models, tokenizer)
+    policy = _policy(args, threshold, models, tokenizer)
     spec = StepSpeculator(target, draft, tokenizer, policy, delimiter=delimiter, max_step_tokens=args.max_step_tokens)
     template = getattr(policy, "template", None)
     extra = len(template.suffix_ids) + 1 if template is not None else 1  # a judge prompt after the last step

@@ -57,8 +57,13 @@ def part_path(out: str | Path, rank: int) -> Path:
 def leftover_parts(out: str | Path) -> list[Path]:
     """The part files next to the file output `out` (left by a run that was killed before merging them)."""
     out = Path(out)
-    return sorted(p for p in out.parent.glob(f".{out.name}.part*") if p.is_file() and p.name[len(out.name) + 6:]
-                  .isdigit())
+    prefix = f".{out.name}.part"
+    return sorted(p for p in out.parent.glob(f"{prefix}*") if p.is_file() and p.name.removeprefix(prefix).isdigit())
+
+
+def _flag(argument: str, name: str) -> str:
+    """How the user asks for `name` (resume, force): a CLI flag, or a keyword of the library call."""
+    return f"--{name}" if argument.startswith("--") else f"{name}=True"
 
 
 def check_output_path(out: str | Path, argument: str = "--out", folder: bool = False) -> Path:
@@ -79,15 +84,13 @@ def check_file_output(out: str | Path, resume: bool, force: bool, argument: str 
     """Refuse, before any model loads, a file output that cannot be written or that holds results (the file or
     a killed run's part files) while neither `resume` nor `force` is given."""
     out = check_output_path(out, argument)
-    flags = ("--resume", "--force") if argument.startswith("--") else ("resume=True", "force=True")
     if resume or force:
         return out
+    how = f"resume it ({_flag(argument, 'resume')}), start over ({_flag(argument, 'force')}) or choose another file"
     if out.is_file() and out.stat().st_size > 0:
-        raise ValueError(f"{argument}: {out} exists and is not empty; resume it ({flags[0]}), start over "
-                         f"({flags[1]}) or choose another file")
+        raise ValueError(f"{argument}: {out} exists and is not empty; {how}")
     if leftover_parts(out):
-        raise ValueError(f"{argument}: {out} has part files of an interrupted multi-process run next to it; resume "
-                         f"that job ({flags[0]}), start over ({flags[1]}) or choose another file")
+        raise ValueError(f"{argument}: {out} has part files of an interrupted multi-process run next to it; {how}")
     return out
 
 
@@ -112,12 +115,6 @@ class Job:
         self.resumed = False
 
     # ------------------------------------------------------------------ what is there
-    def _check_kind_of_output(self) -> None:
-        if self.folder and self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"{self.argument}: {self.shown} is a file, expected a folder")
-        if not self.folder and self.out.is_dir():
-            raise ValueError(f"{self.argument}: {self.shown} is a folder, expected a file")
-
     def result_files(self) -> list[Path]:
         if not self.folder:
             whole = [self.out] if self.out.is_file() and self.out.stat().st_size > 0 else []
@@ -132,7 +129,7 @@ class Job:
 
     # ------------------------------------------------------------------ open / close
     def __enter__(self) -> Job:
-        self._check_kind_of_output()
+        check_output_path(self.shown, self.argument, self.folder)
         if self.folder:
             self.out.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
@@ -143,31 +140,28 @@ class Job:
             raise
         return self
 
-    def _flag(self, name: str) -> str:
-        """How the user asks for `name` (resume, force): a CLI flag, or a keyword of the library call."""
-        return f"--{name}" if self.argument.startswith("--") else f"{name}=True"
-
     def _open(self) -> None:
         results = self.result_files()
+        resume, force = _flag(self.argument, "resume"), _flag(self.argument, "force")
         if results and self.force:
             logger.warning("%s: --force: deleting %d result file(s) of the previous job", self.shown, len(results))
             for path in results:
                 path.unlink()
         elif results and not self.resume:
-            raise ValueError(f"{self.argument}: {self.shown} already holds results; pass {self._flag('resume')} to "
-                             f"continue that job, {self._flag('force')} to start over, or choose another output")
+            raise ValueError(f"{self.argument}: {self.shown} already holds results; pass {resume} to continue that "
+                             f"job, {force} to start over, or choose another output")
         elif results:
             stored = self.stored_manifest()
             if stored is None:
                 raise ValueError(f"{self.argument}: {self.shown} holds results but no readable job manifest "
                                  f"({self.manifest_path}; written by an older specmm or by hand), so resuming could "
-                                 f"mix different work; pass {self._flag('force')} to start over or choose another "
+                                 f"mix different work; pass {force} to start over or choose another "
                                  "output")
             found = differences({"job": stored.get("job"), **stored.get("settings", {})},
                                 {"job": self.kind, **self.settings})
             if found:
                 raise ValueError(f"{self.argument}: {self.shown} holds a different job ({'; '.join(found)}); resume it "
-                                 f"with its own arguments, pass {self._flag('force')} to start over, or choose "
+                                 f"with its own arguments, pass {force} to start over, or choose "
                                  "another output")
             self.resumed = True
         remove_temporaries(self.out if self.folder else self.out.parent,
