@@ -6,6 +6,7 @@ import copy
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -159,9 +160,19 @@ def report_acceptance(case: str, stats) -> None:
     ACCEPTANCE_REPORT.append((case, stats.mean_accepted, stats.accepted_histogram))
 
 
+REPORTS_MADE_HERE: list[Path] = []  # the folder the controller made, removed when the run ends
+
+
 def pytest_configure(config):
-    if not WORKER:  # the controller (or a plain run): parallel workers inherit where to leave their reports
-        os.environ.setdefault("SPECMM_TEST_REPORTS", tempfile.mkdtemp(prefix="specmm-acceptance-"))
+    if not WORKER and "SPECMM_TEST_REPORTS" not in os.environ:  # the controller: workers inherit the folder
+        REPORTS_MADE_HERE.append(Path(tempfile.mkdtemp(prefix="specmm-acceptance-")))
+        os.environ["SPECMM_TEST_REPORTS"] = str(REPORTS_MADE_HERE[0])
+
+
+def pytest_unconfigure(config):
+    for folder in REPORTS_MADE_HERE:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("SPECMM_TEST_REPORTS", None)
 
 
 def pytest_sessionfinish(session):

@@ -9,6 +9,7 @@ on the host and reported apart, never inside a timed row.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -122,6 +123,32 @@ def inductor_options(mode: str | None) -> dict:
     return {}
 
 
+_EAGER_PARTS = [False]  # inside `eager_parts`
+
+
+@contextlib.contextmanager
+def eager_parts():
+    """Run compiled mode's calls eagerly inside (static caches and layouts kept, nothing traced or compiled).
+
+    A generation's first round has shapes of its own (the prefill's state) and runs once; compiling its parts costs
+    about as much as compiling the whole round that every later round replays, for one round's gain."""
+    outer, _EAGER_PARTS[0] = _EAGER_PARTS[0], True
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        _EAGER_PARTS[0] = outer
+
+
+def run_eagerly(step):
+    """`step` with its compiled calls run eagerly (`eager_parts`)."""
+
+    def eager_step(*args, **kwargs):
+        with eager_parts():
+            return step(*args, **kwargs)
+    return eager_step
+
+
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
@@ -222,7 +249,8 @@ def compiled_helper(fn):
         compiled = compile_static(fn)
 
         def found(*args, **kwargs):
-            return fn(*args, **kwargs) if torch.compiler.is_compiling() else compiled(*args, **kwargs)
+            eager = torch.compiler.is_compiling() or _EAGER_PARTS[0]
+            return fn(*args, **kwargs) if eager else compiled(*args, **kwargs)
         _HELPERS[fn] = found
     return found
 
@@ -268,8 +296,8 @@ class CompiledForward:
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
-        if self.failed is not None or torch.compiler.is_compiling():  # inside a compiled round: traced into it
-            return self.model(**inputs)
+        if self.failed is not None or torch.compiler.is_compiling() or _EAGER_PARTS[0]:  # traced into a round,
+            return self.model(**inputs)  # or run eagerly
         inputs = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()) if isinstance(v, torch.Tensor))
         first = key not in self.shapes
