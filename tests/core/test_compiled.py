@@ -37,8 +37,8 @@ def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(ar
 
 def ragged_batch_with_eos_equals_generate(arch: str, name: str, tree: specmm.TreeSpec) -> None:
     """Compiled greedy tokens of a ragged batch (row 1 stops at EOS early) equal HF `generate` and eager mode's,
-    with the same per-row forwards; one graph compiles, the whole round (the first round runs eagerly), and a second
-    call compiles nothing."""
+    with the same per-row forwards; two graphs compile, the first round and the later rounds (not each part of the
+    first), and a second call compiles nothing."""
     target = tiny_model(arch)
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([3, 8, 5], seed=4)
@@ -51,8 +51,8 @@ def ragged_batch_with_eos_equals_generate(arch: str, name: str, tree: specmm.Tre
     compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
     graphs = graphs_compiled()
     out = compiled.generate(ids, **kwargs)
-    assert graphs_compiled() - graphs <= 1, f"{arch}/{name}: more than the whole round compiled (the first round " \
-        "runs its parts eagerly)"
+    assert graphs_compiled() - graphs <= 2, f"{arch}/{name}: more than two graphs compiled (the first round's and " \
+        "the later rounds')"
     width = reference.shape[1]
     assert torch.equal(out.sequences[:, :width], reference), f"{arch}/{name}: compiled != generate"
     assert torch.equal(out.sequences, eager.sequences), f"{arch}/{name}: compiled != eager"
