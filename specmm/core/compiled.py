@@ -9,7 +9,6 @@ on the host and reported apart, never inside a timed row.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -123,31 +122,6 @@ def inductor_options(mode: str | None) -> dict:
     return {}
 
 
-_EAGER_PARTS = [False]  # inside `eager_parts`
-
-
-@contextlib.contextmanager
-def eager_parts():
-    """Run compiled mode's calls eagerly inside (static caches and layouts kept, nothing traced or compiled): how a
-    generation's first round runs where it does not trace as one graph. It runs once per generation, and compiling
-    its parts instead cost about as much as compiling the whole round that every later round replays."""
-    outer, _EAGER_PARTS[0] = _EAGER_PARTS[0], True
-    try:
-        with torch.compiler.set_stance("force_eager"):
-            yield
-    finally:
-        _EAGER_PARTS[0] = outer
-
-
-def run_eagerly(step):
-    """`step` with its compiled calls run eagerly (`eager_parts`)."""
-
-    def eager_step(*args, **kwargs):
-        with eager_parts():
-            return step(*args, **kwargs)
-    return eager_step
-
-
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
@@ -248,8 +222,7 @@ def compiled_helper(fn):
         compiled = compile_static(fn)
 
         def found(*args, **kwargs):
-            eager = torch.compiler.is_compiling() or _EAGER_PARTS[0]
-            return fn(*args, **kwargs) if eager else compiled(*args, **kwargs)
+            return fn(*args, **kwargs) if torch.compiler.is_compiling() else compiled(*args, **kwargs)
         _HELPERS[fn] = found
     return found
 
@@ -295,8 +268,8 @@ class CompiledForward:
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
-        if self.failed is not None or torch.compiler.is_compiling() or _EAGER_PARTS[0]:  # traced into a round,
-            return self.model(**inputs)  # or run eagerly
+        if self.failed is not None or torch.compiler.is_compiling():  # inside a compiled round: traced into it
+            return self.model(**inputs)
         inputs = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()) if isinstance(v, torch.Tensor))
         first = key not in self.shapes
@@ -334,19 +307,16 @@ class CompiledRound:
     Compile time goes on the `CompileClock`.
     """
 
-    def __init__(self, step, mode: str | None = None, first: bool = False):
-        self.step, self.mode, self.first = step, mode, first
+    def __init__(self, step, mode: str | None = None):
+        self.step, self.mode = step, mode
         raise_recompile_limits()
         self.compiled = compile_static(step, mode, fullgraph=True)
         self.failed: str | None = None  # why the round could not compile whole, once it could not
         self.repeating_tapes: set[tuple] = set()  # first rounds whose draws the second repeated (`taped_rounds`)
-        # a generation's first round (`first`), which runs once: where it does not trace whole (an image prompt's
-        # checks may sync), it runs eagerly, with a log line only (the later rounds warn for themselves)
-        self.fallback = run_eagerly(step) if first else step
 
     def __call__(self, *args, **kwargs):
         if self.failed is not None:
-            return self.fallback(*args, **kwargs)
+            return self.step(*args, **kwargs)
         graphs, started = graphs_compiled(), time.perf_counter()
         state = [*args, *kwargs.values()] if self.mode == GRAPHED else None
         before = StateSnapshot(state) if state is not None else None
@@ -355,8 +325,6 @@ class CompiledRound:
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)
-            if self.first:
-                return self.fallback(*args, **kwargs)
             # a warning, not a log line: per part, a round costs about twice as much on a small model
             warnings.warn(f"compile=True: the round does not compile as one graph ({self.failed}); its parts run "
                           "compiled one by one, which is slower", RuntimeWarning, stacklevel=2)
@@ -431,17 +399,16 @@ def settings_key(obj) -> tuple:
     return (type(obj), tuple(sorted((k, v) for k, v in getattr(obj, "__dict__", {}).items() if isinstance(v, plain))))
 
 
-def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None, first: bool = False) -> CompiledRound:
+def shared_round(step, key: tuple, modules: list[nn.Module], mode: str | None) -> CompiledRound:
     """The one `CompiledRound` of the unbound `step` for `key` (the caller's types and settings) over exactly these
     `modules`, so new generators over the same models reuse the graphs: guards check a round's Python state, but
-    not a module's attributes (dropped for speed, see `module_guard_filter`), hence a round per set of modules.
-    `first`: the one for generations' first rounds, whose state has shapes of its own."""
-    key = (step, mode, key, first, tuple(sorted(id(m) for m in modules)))
+    not a module's attributes (dropped for speed, see `module_guard_filter`), hence a round per set of modules."""
+    key = (step, mode, key, tuple(sorted(id(m) for m in modules)))
     found = _ROUNDS.get(key)
     if found is not None and all(ref() is not None for ref in found[0]):
         return found[1]
     for stale in [k for k, (refs, _) in _ROUNDS.items() if any(ref() is None for ref in refs)]:
         del _ROUNDS[stale]
-    compiled = CompiledRound(step, mode, first)
+    compiled = CompiledRound(step, mode)
     _ROUNDS[key] = (tuple(weakref.ref(m) for m in modules), compiled)
     return compiled

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import (GRAPHED, CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode,
-                                  held_modules, settings_key, shared_round, taped_rounds)
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode, held_modules,
+                                  settings_key, shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
@@ -414,7 +414,7 @@ class SpeculativeGenerator:
         alive = keep("alive", torch.ones(batch, dtype=torch.bool, device=device)) if self.compile else None
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
-            step, later_step = self._first_step(sampling, recorded=True), self._round_step(sampling, recorded=True)
+            step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
             step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
             while True:
                 history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
@@ -428,7 +428,7 @@ class SpeculativeGenerator:
                 if all_done:
                     break
             return out, counts, rounds, histogram, self._finish(stats, moved)
-        step, later_step = self._first_step(sampling), self._round_step(sampling)
+        step, later_step = self.step, self._round_step(sampling)
         step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
@@ -461,37 +461,22 @@ class SpeculativeGenerator:
             return None
         return self._compiled_round.failed is None
 
-    def _first_step(self, sampling: SamplingConfig, recorded: bool = False):
-        """The first round's step. In compiled mode off CUDA graphs a greedy first round is one compiled graph of its
-        own (its state has shapes of its own: one more graph, where its parts took a dozen), or, where it does not
-        trace whole, runs eagerly. Per part: a sampled one (it records the draw tape, see `taped_rounds`), one under
-        CUDA graphs (a drafter's first round may rebind its cache, which a graph must not) and when profiling, whose
-        split times the parts."""
-        per_part = functools.partial(recorded_round, self) if recorded else self.step
+    def _round_step(self, sampling: SamplingConfig, recorded: bool = False):
+        """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
+        graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
+        `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
+        phase boundaries). The first round runs per part: its checks may sync (an image prompt's last token) and
+        its shapes differ."""
         plan = self._plan
-        if plan is None or not plan.compile or plan.mode == GRAPHED or self.profile or not sampling.greedy:
+        per_part = functools.partial(recorded_round, self) if recorded else self.step
+        if plan is None or not plan.compile or self.profile:
             return per_part
-        return functools.partial(self._shared_round(recorded, first=True), self)
-
-    def _shared_round(self, recorded: bool, first: bool = False) -> CompiledRound:
-        """The compiled round of this generator's kind, shared by every generator over the same models."""
         key = (type(self.target), type(self.drafter), repr(self.tree), settings_key(self.rule))
         modules = held_modules(self.target, self.drafter)
         # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
         # frame, shared by every compiled function and outside the guard filter of `compile_static`
         step = recorded_round if recorded else undecorated_step(type(self))
-        return shared_round(step, key, modules, self._plan.mode, first)
-
-    def _round_step(self, sampling: SamplingConfig, recorded: bool = False):
-        """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
-        graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
-        `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
-        phase boundaries). The first round has a step of its own (`_first_step`)."""
-        plan = self._plan
-        per_part = functools.partial(recorded_round, self) if recorded else self.step
-        if plan is None or not plan.compile or self.profile:
-            return per_part
-        self._compiled_round = self._shared_round(recorded)
+        self._compiled_round = shared_round(step, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
         if sampling.greedy:
             return whole
