@@ -160,19 +160,14 @@ def report_acceptance(case: str, stats) -> None:
     ACCEPTANCE_REPORT.append((case, stats.mean_accepted, stats.accepted_histogram))
 
 
-REPORTS_MADE_HERE: list[Path] = []  # the folder the controller made, removed when the run ends
-
-
 def pytest_configure(config):
     if not WORKER and "SPECMM_TEST_REPORTS" not in os.environ:  # the controller: workers inherit the folder
-        REPORTS_MADE_HERE.append(Path(tempfile.mkdtemp(prefix="specmm-acceptance-")))
-        os.environ["SPECMM_TEST_REPORTS"] = str(REPORTS_MADE_HERE[0])
+        folder = os.environ["SPECMM_TEST_REPORTS"] = tempfile.mkdtemp(prefix="specmm-acceptance-")
 
-
-def pytest_unconfigure(config):
-    for folder in REPORTS_MADE_HERE:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.environ.pop("SPECMM_TEST_REPORTS", None)
+        def remove() -> None:  # after the terminal summary has read the workers' reports
+            shutil.rmtree(folder, ignore_errors=True)
+            del os.environ["SPECMM_TEST_REPORTS"]
+        config.add_cleanup(remove)
 
 
 def pytest_sessionfinish(session):
