@@ -37,6 +37,7 @@ class StaticPlan:
     reserve: int = 0  # slots kept free past every row for one round (tree, pending tokens): rows stop short of it
     compile: bool = True
     mode: str | None = None  # torch.compile mode: None on CPU, "reduce-overhead" (CUDA graphs) on CUDA
+    round_tokens: int = 1  # tokens a drafter may feed at a round's start (the tree's depth + 1): start pads to it
 
 
 GRAPHED = "reduce-overhead"

@@ -163,6 +163,7 @@ class ModelDrafter(CountsForwards, RunnerOwner):
 
     needs: frozenset[str] = frozenset()
     processes_drafts = True  # draft() takes the target's logits processors (`process`)
+    uniform_first_round = True  # compiled mode: the state `start` leaves has the later rounds' shapes
 
     def __init__(self, model: nn.Module, features: bool = False):
         check_runnable(model, "drafter")
@@ -200,6 +201,10 @@ class ModelDrafter(CountsForwards, RunnerOwner):
             self.count_forwards()
         self.pending = input_ids[:, -1:]  # [B, P] tokens to feed next, left-aligned, ending with the root
         self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)
+        if compiles(self.static_plan):  # the later rounds' width, so the first round runs their graph
+            spare = self.static_plan.round_tokens - 1
+            self.pending = nn.functional.pad(self.pending, (0, spare))
+            self.pending_valid = nn.functional.pad(self.pending_valid, (0, spare))
 
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
@@ -265,6 +270,7 @@ class PromptLookupDrafter:
     device = None
     needs: frozenset[str] = frozenset()
     static_plan: StaticPlan | None = None  # compiled mode: the history has the plan's width, so rounds trace whole
+    uniform_first_round = True  # compiled mode: the state `start` leaves has the later rounds' shapes
 
     def __init__(self, ngram: int = 3, k: int = 8):
         if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:

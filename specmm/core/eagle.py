@@ -133,6 +133,7 @@ class EagleDrafter(CountsForwards):
 
     needs = frozenset({FEATURES})
     processes_drafts = True  # draft() takes the target's logits processors (`process`)
+    uniform_first_round = True  # compiled mode: the state `start` leaves has the later rounds' shapes
     layout = "eagle"  # recorded in the saved config.json as `specmm_layout`
 
     def __init__(self, head: EagleHead, target_model: nn.Module):
@@ -205,7 +206,7 @@ class EagleDrafter(CountsForwards):
         valid = attention_mask.bool()
         if length == 1:
             features = torch.zeros(batch, 1, hidden, device=input_ids.device, dtype=self.lm_head.weight.dtype)
-            self._set_pending(self._inputs(self.embed_tokens(input_ids), features), valid)
+            self._start_pending(self._inputs(self.embed_tokens(input_ids), features), valid)
             return
         # pair (f_{t-1}, x_t) for t = 1..L-1; a row whose prompt is one token gets (0, x_0)
         pairs_valid = valid[:, 1:] & valid[:, :-1]
@@ -213,7 +214,26 @@ class EagleDrafter(CountsForwards):
         features = target_features.clone()
         features[lone, -1] = 0
         pairs_valid[lone, -1] = True
-        self._set_pending(self._inputs(self.embed_tokens(input_ids[:, 1:]), features), pairs_valid)
+        self._start_pending(self._inputs(self.embed_tokens(input_ids[:, 1:]), features), pairs_valid)
+
+    def _start_pending(self, inputs: dict[str, Tensor], valid: Tensor, positions: Tensor | None = None) -> None:
+        """The prompt's slots (inputs [B, P, H] each, valid [B, P], positions [B, P]), which the first draft runs.
+        In compiled mode all but the last run here, and the last (the root's, valid in every row) waits padded to the
+        later rounds' width: the first round then has their shapes and runs their graph."""
+        self._set_pending(inputs, valid, positions)
+        if not compiles(self.static_plan):
+            return
+        inputs, valid, positions = self.pending_inputs, self.pending_valid, self.pending_positions
+        if valid.shape[1] > 1:
+            self.runner.extend(valid[:, :-1], positions=positions[:, :-1], **{k: v[:, :-1] for k, v in inputs.items()})
+            self.count_forwards()
+        spare = self.static_plan.round_tokens - 1
+
+        def last(t: Tensor) -> Tensor:  # [B, P, ...] -> [B, 1 + spare, ...]: the last slot, then padding
+            return nn.functional.pad(t[:, -1:], (0, 0) * (t.dim() - 2) + (0, spare))
+
+        self.pending_inputs = {k: last(v) for k, v in inputs.items()}
+        self.pending_valid, self.pending_positions = last(valid), last(positions)
 
     def _inputs(self, token_embeds: Tensor, features: Tensor) -> dict[str, Tensor]:
         """Head inputs for slots whose token embeddings [B, n, H] pair with features [B, n, H]."""

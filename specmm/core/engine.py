@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode, held_modules,
-                                  settings_key, shared_round, taped_rounds)
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode,
+                                  held_modules, settings_key, shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
@@ -201,7 +201,7 @@ class SpeculativeGenerator:
         """Cache slots for the prompt, the budget and one tree round, bucketed so similar calls share shapes."""
         reserve = self.tree.num_nodes + self.tree.depth + 2  # one round: pending tokens and the tree
         return StaticPlan(max_len=static_cache_length(prompt_length + max_new_tokens + reserve), reserve=reserve,
-                          compile=True, mode=graph_mode(self.target.device))
+                          compile=True, mode=graph_mode(self.target.device), round_tokens=self.tree.depth + 1)
 
     def _check_inputs(self, input_ids, attention_mask, max_new_tokens, sampling, eos_token_id, pad_token_id,
                       generator, streamer, model_inputs) -> tuple[Tensor, Tensor, list[int]]:
@@ -274,7 +274,11 @@ class SpeculativeGenerator:
         else:
             prefill = target.prefill(input_ids[:, :-1], attention_mask[:, :-1], **model_inputs)
         drafter.start(input_ids, attention_mask, prefill)
-        return input_ids[:, -1]
+        # strides of the roots a round returns (a [1] view keeps stride L): compiled mode's guards match, one graph
+        roots = input_ids[:, -1].clone(memory_format=torch.contiguous_format)
+        if hasattr(target, "check_roots"):  # a target's checks of the first roots, here and not in a round's graph
+            target.check_roots(roots)
+        return roots
 
     @torch.no_grad()
     def step(self, roots: Tensor, sampling: SamplingConfig = GREEDY, generators: Generators = None,
@@ -415,7 +419,9 @@ class SpeculativeGenerator:
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
             step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
-            step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
+            # sampled: the first round records the draw tape; greedy, where the parts start in the later rounds'
+            # shapes, it runs the later rounds' graph
+            step = step if sampling.greedy and not self._uniform_first_round() else later_step
             while True:
                 history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
                 result, flags = step(roots, sampling, generators, alive, history, out, counts, rounds, histogram,
@@ -429,7 +435,7 @@ class SpeculativeGenerator:
                     break
             return out, counts, rounds, histogram, self._finish(stats, moved)
         step, later_step = self.step, self._round_step(sampling)
-        step = step if sampling.greedy else later_step  # sampled: the first round records the draw tape
+        step = step if sampling.greedy and not self._uniform_first_round() else later_step  # as above
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
             result = step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
@@ -451,6 +457,13 @@ class SpeculativeGenerator:
             self.timer = None
         return stats
 
+    def _uniform_first_round(self) -> bool:
+        """Whether the first round's state has the later rounds' shapes and its checks no host sync, so that compiled
+        mode runs it through the same graph (else per part: a graph of its own would cost a cold compile of its own)."""
+        plan = self._plan
+        return (plan is not None and plan.compile and not self.profile
+                and all(getattr(part, "uniform_first_round", False) for part in (self.target, self.drafter)))
+
     @property
     def whole_round(self) -> bool | None:
         """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
@@ -465,8 +478,8 @@ class SpeculativeGenerator:
         """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
         graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
         `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
-        phase boundaries). The first round runs per part: its checks may sync (an image prompt's last token) and
-        its shapes differ."""
+        phase boundaries). A greedy first round runs this step too where target and drafter start in the later
+        rounds' shapes (`_uniform_first_round`), else per part."""
         plan = self._plan
         per_part = functools.partial(recorded_round, self) if recorded else self.step
         if plan is None or not plan.compile or self.profile:

@@ -286,7 +286,11 @@ FEATURES, INPUTS_EMBEDS = "features", "inputs_embeds"
 
 @runtime_checkable
 class Target(Protocol):
-    """What the engine needs from a target model. Rows are per-sequence; trees are verified in one forward."""
+    """What the engine needs from a target model. Rows are per-sequence; trees are verified in one forward.
+
+    Optional: `check_roots(roots [B])`, which the engine's `begin` calls with the first roots (a VLM target refuses a
+    prompt that ends inside an image), and `uniform_first_round`, true where the first verify has the later ones'
+    shapes, so that compiled mode runs the first round through the later rounds' graph (drafters say it too)."""
 
     vocab_size: int
     device: torch.device
@@ -362,6 +366,8 @@ class RunnerOwner:
 
 class HFCausalLMTarget(RunnerOwner):
     """Adapter for a stock HF causal LM (`*ForCausalLM`): no patched modeling files, just masks and positions."""
+
+    uniform_first_round = True  # compiled mode: its first verify has the later ones' shapes and no host sync
 
     def __init__(self, model: nn.Module):
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:

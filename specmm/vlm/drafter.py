@@ -94,7 +94,7 @@ class VisionDrafter(EagleDrafter):
         self.global_vector = global_vector
         self.visual_tokens_seen, self.image_tokens = stats
         self.next_position = positions.new_zeros(input_ids.shape[0])
-        self._set_pending(inputs, valid, positions)
+        self._start_pending(inputs, valid, positions)
 
     def prefill_inputs(self, input_ids: Tensor, attention_mask: Tensor, prefill: PrefillOutput):
         """The drafter's prompt slots: (inputs {name: [B, L-1, H]}, valid [B, L-1], positions [B, L-1],

@@ -299,20 +299,15 @@ class VLMTarget(HFCausalLMTarget):
     def prefill_extras(self) -> dict:
         return {}
 
-    def check_roots(self, tree: DraftTree) -> None:
-        """First verify after an image (or video) prefill: a root that is an image token means the prompt ended
-        inside an image, which the prefix counts could not show (more image tokens than features)."""
+    def check_roots(self, roots: Tensor) -> None:
+        """The first roots [B] after an image (or video) prefill (the engine's `begin` asks): an image token means the
+        prompt ended inside an image, which the prefix counts could not show (more image tokens than features)."""
         if self._images_given:
             self._images_given = False
             for kind, token in (("image", self.image_token_id), ("video", self.video_token_id)):
-                roots = tree.tokens[:, 0] == token  # [B]
-                if token is not None and bool(roots.any()):
-                    _raise_last_token_image(roots, kind)
-
-    @torch.no_grad()
-    def verify(self, tree: DraftTree) -> TargetOutput:
-        self.check_roots(tree)
-        return super().verify(tree)
+                rows = roots == token  # [B]
+                if token is not None and bool(rows.any()):
+                    _raise_last_token_image(rows, kind)
 
 
 def _raise_last_token_image(rows: Tensor, kind: str = "image") -> None:
@@ -515,7 +510,6 @@ class Qwen2_5_VLTarget(VLMTarget):
 
     @torch.no_grad()
     def verify(self, tree: DraftTree) -> TargetOutput:
-        self.check_roots(tree)
         order = self.runner.cache.lengths[:, None] + tree.depth  # [B, T] token index of each node
         positions = (order + self.rope_deltas).expand(3, -1, -1)  # [3, B, T]
         out = self.runner.forward(positions, tree.ancestors, order, input_ids=tree.tokens)

@@ -127,6 +127,34 @@ def counting_host_syncs():
             setattr(torch.Tensor, name, original)
 
 
+def graphs_made(run) -> int:
+    """Graphs dynamo makes while `run()` runs, from a reset: none an earlier test made is reused."""
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    run()
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+
+
+@pytest.mark.parametrize("kind", ["model", "prompt lookup", "eagle"])
+def test_a_greedy_compiled_generation_runs_its_first_round_through_the_later_rounds_graph(kind, capture_only):
+    """The state a drafter's `start` leaves has the later rounds' shapes (pending slots padded to the tree's depth
+    + 1; EAGLE runs the prompt but its root there), so a greedy generation compiles one graph, first round included,
+    where the first round's parts took a dozen; tokens stay `generate`'s."""
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    drafters = {"model": lambda: ModelDrafter(perturbed_copy(target, 0.3)),
+                "prompt lookup": lambda: specmm.drafters.PromptLookupDrafter(ngram=2, k=3),
+                "eagle": lambda: EagleDrafter.for_target(target)}
+    ids, mask = left_padded_batch([1, 7, 4], seed=5)  # a one-token prompt too: EAGLE's lone (0, x_0) slot
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    gen = specmm.SpeculativeGenerator(target, drafters[kind](), tree=specmm.TreeSpec.chain(3), compile=True)
+    outs = []
+    graphs = graphs_made(lambda: outs.append(gen.generate(ids, attention_mask=mask, max_new_tokens=10,
+                                                          pad_token_id=0)))
+    assert torch.equal(outs[0].sequences, reference)
+    assert outs[0].stats.target_forwards > 2 and graphs == 1, f"{kind}: {graphs} graphs"
+
+
 def test_a_compiled_round_makes_at_most_one_host_sync(capture_only):
     """Host conversions of a whole generate, minus those of a one-round generate (input checks, the final
     counts), are at most one per extra round."""

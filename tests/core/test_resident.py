@@ -145,8 +145,9 @@ def test_a_graphed_round_writes_only_static_buffers_that_the_next_generation_reu
 
 
 def test_features_a_graphed_forward_captures_are_copied_out_of_the_graph(monkeypatch):
-    """The first round runs per part: the target's graphed forward stores its features through a hook, which under
-    CUDA graphs binds the graph's output buffer; the runner must hold a copy (the second GPU run's failure)."""
+    """A round run per part (here the patched forward does not trace whole): the target's graphed forward stores its
+    features through a hook, which under CUDA graphs binds the graph's output buffer; the runner must hold a copy
+    (the second GPU run's failure)."""
     graphed_on_cpu(monkeypatch)
     runners, made, shared = [], [], []
     original_init, original_forward, original_run = ModelRunner.__init__, ModelRunner.forward, compiled.run_graphed
