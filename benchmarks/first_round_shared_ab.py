@@ -12,6 +12,12 @@ Run (after `specmm zoo build code`), one job at a time on an idle machine:
     for side in per_part shared; do for tree in chain2 tree; do
       TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=2 python benchmarks/first_round_shared_ab.py --cold $side $tree
     done; done
+
+Result at the commit that added it (idle 2-core CPU, 2026-11-29):
+- warm, min / median s per generation: chain2 per_part 0.1992 / 0.2146, shared 0.1876 / 0.2168 (65 rounds); tree
+  per_part 0.1168 / 0.1355, shared 0.1109 / 0.1363 (33 rounds);
+- cold: per_part chain2 14 graphs, first generation 123.3 s; tree 20 graphs, 137.9 s. shared chain2 1 graph, 77.7 s;
+  tree 1 graph, 87.0 s. (Per part, `compile_time_s` counts only the later rounds' graph: 62.0 / 61.9 s.)
 """
 
 import argparse
