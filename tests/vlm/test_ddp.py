@@ -54,6 +54,11 @@ def train_on_ranks(argv: list[str], kill_after_checkpoint: int | None = None) ->
     """One process of the launch: `specmm ARGV`; the main process SIGKILLs itself right after checkpoint N."""
     from accelerate.state import AcceleratorState, GradientState
 
+    # forked from a process whose OpenMP pool (libgomp) may be running: a child that enters a parallel region with
+    # more than one thread waits forever for pool threads fork did not copy (the test run alone, 2 intra-op threads).
+    # One thread, and OMP_NUM_THREADS so that accelerate's CPU set-up does not raise it to cores per process again.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
     AcceleratorState._reset_state(reset_partial_state=True)  # forked from a process that may have used accelerate
     GradientState._reset_state()
     rank = torch.distributed.get_rank()  # the launcher's process group (a file rendezvous)
