@@ -7,6 +7,11 @@ Run one K per process, with an empty inductor cache, on an idle machine (after `
 Result at e0511dd (2026-11-29, 2-core CPU): K=2, 1 graph, compile 49.2 s; K=8, 1 graph, compile 403.6 s, and 418.4 s
 in a second cold run, whose phase list put 364.6 s in inductor's `Scheduler.codegen` (py-spy samples of a third run sat
 in sympy's `factor_terms` under inductor's `sympy_subs`). The second generation compiles nothing (0.06-0.08 s).
+
+The cause (TORCH_COMPILE_DEBUG's ir_post_fusion.txt): `ancestor_mask`'s levels inlined into one kernel body of 1,789
+index computations, the chain's `arange - 1` parents folded into indices nested one Max(0, i - 1) per level. With
+the one-hot product past depth 4 (`specmm.core.tree.GATHER_MAX_DEPTH`, 2026-11-29): K=8 compiles in 65.0 s and 65.8 s
+(two cold runs), K=2 in 56.3-58.3 s (the gather, unchanged: 56.7 s before in the same spell).
 """
 
 import sys

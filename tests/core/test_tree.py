@@ -47,6 +47,34 @@ def test_ancestor_mask_children_and_paths_match_brute_force(seed):
             assert path == sorted(chain)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_compiled_ancestor_mask_is_the_eager_one_past_the_gather_depth(seed):
+    """Compiled, trees deeper than `GATHER_MAX_DEPTH` read parents' rows by a one-hot product (inductor inlined the
+    gathers of a chain's folded `arange - 1` parents into minutes of index algebra at depth 8): the same mask as
+    eager for a chain made inside the graph, and for a deep random tree with a node cut loose and one past the
+    depth limit, which keep their own rows."""
+    from specmm.core.tree import GATHER_MAX_DEPTH
+
+    def chain(length: int) -> torch.Tensor:
+        nodes = torch.arange(length).expand(2, length)
+        return ancestor_mask(nodes - 1, nodes.clone(), length - 1)
+
+    length = GATHER_MAX_DEPTH + 4
+    compiled_chain = torch.compile(chain, backend="aot_eager", dynamic=False, fullgraph=True)
+    assert torch.equal(compiled_chain(length), torch.ones(2, length, length, dtype=torch.bool).tril())
+    tree = random_tree(nodes=12, seed=seed)
+    while tree.max_depth <= GATHER_MAX_DEPTH:  # a spine deep enough for the one-hot path
+        tree = random_tree(nodes=12, seed=seed + 100 * (tree.max_depth + 1))
+    depth = tree.depth.clone()
+    depth[:, -1] = tree.max_depth + 1  # past the limit: never inherits
+    parents = tree.parents.clone()
+    parents[:, 1] = -1  # cut loose, at depth 1: takes row 0's as the clamped root
+    eager = ancestor_mask(parents, depth, tree.max_depth)
+    compiled = torch.compile(ancestor_mask, backend="aot_eager", dynamic=False, fullgraph=True)
+    assert torch.equal(compiled(parents, depth, tree.max_depth), eager)
+    assert torch.equal(eager[:, -1], torch.eye(12, dtype=torch.bool)[-1].expand(3, 12))
+
+
 def test_static_spec_orders_paths_and_links_parents():
     spec = specmm.TreeSpec.static([[1, 0], [0], [1], [0, 0], [0, 0, 2], [0, 0, 0], [0, 0, 1]])
     parents, ranks, depths = spec.static_layout
