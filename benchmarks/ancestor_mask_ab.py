@@ -15,6 +15,9 @@ generation, min / median:
 - dynamic:3: gather 0.0934 / 0.1065, one-hot 0.1022 / 0.1064.
 Earlier runs the same day: chain:4 over 30 alternations 0.1602 / 0.1833 against 0.1668 / 0.1897; dynamic:3 0.1010 /
 0.1165 against 0.1014 / 0.1156.
+Past depth 4 (after the suite run, same day), `dynamic:6`: gather 0.1445 / 0.1583, one-hot 0.1458 / 0.1778; again with
+`dynamic:6 lookup:8`: dynamic:6 gather 0.1346 / 0.1526, one-hot 0.1223 / 0.1502; lookup:8 gather 0.0583 / 0.0667,
+one-hot 0.0568 / 0.0652 (run to run noise larger than the difference).
 Hence `GATHER_MAX_DEPTH = 4`: the gather up to depth 4, the one-hot product beyond, where the gather's cold compile
 grows (prompt lookup, K=8: 403.6 s with the gather, 65.0-65.8 s with the one-hot product).
 """
