@@ -21,6 +21,8 @@ forwards as target-only, each paying the fixed cost, and only the rest of a forw
 bound is the last column.
 
 Run: `OMP_NUM_THREADS=1 python benchmarks/reasoning_token_cost_probe.py` (threads 1, as `bench reasoning`).
+`--hf-generate`: instead, HF `generate`'s time per decode step on the same target, eager and with a static cache plus
+`torch.compile` (the plain decoding the other benches take as their best baseline; `bench reasoning` has no such row).
 """
 
 import argparse
@@ -46,6 +48,32 @@ def timed(target: HFCausalLMTarget, batch: int, tokens: torch.Tensor, per_forwar
     return seconds
 
 
+def hf_generate_step_ms(model, vocab: int, batch: int, context: int, **kwargs) -> float:
+    """HF `generate`'s milliseconds per decode step: (33 new tokens - 1 new token) / 32, the best of 5."""
+    ids = torch.randint(4, vocab, (batch, context), generator=torch.Generator().manual_seed(batch))
+
+    def seconds(new: int) -> float:
+        started = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                       min_new_tokens=new, pad_token_id=0, **kwargs)
+        return time.perf_counter() - started
+
+    seconds(33), seconds(1)  # warm-up (and the compile)
+    return 1e3 * min((seconds(33) - seconds(1)) / 32 for _ in range(5))
+
+
+def hf_generate_rows(model, vocab: int, batch_sizes: list[int], context: int) -> None:
+    from specmm.bench.fast_path import hf_compile_scope, hf_static_compile_kwargs
+
+    print("| batch | HF generate eager, ms per step | HF generate, static cache + torch.compile, ms per step |")
+    print("|---:|---:|---:|")
+    for batch in batch_sizes:
+        eager = hf_generate_step_ms(model, vocab, batch, context)
+        with hf_compile_scope(model):
+            compiled = hf_generate_step_ms(model, vocab, batch, context, **hf_static_compile_kwargs(model))
+        print(f"| {batch} | {eager:.2f} | {compiled:.2f} |")
+
+
 @torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -53,6 +81,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=48, help="committed tokens per row before the step")
     parser.add_argument("--step", type=int, default=12, help="tokens in a step (bench reasoning: max_step_tokens)")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--hf-generate", action="store_true", help="HF generate's step times instead")
     parser.add_argument("--shares", type=float, nargs="+", default=[0.31, 0.58, 1.0],
                         help="draft token shares a to bound (defaults: Arbitrage t=0.05 and t=0.5 at batch 64)")
     args = parser.parse_args()
@@ -60,6 +89,9 @@ def main() -> None:
     tokenizer = make_tokenizer()
     model = chainarith.make_model(chainarith.RECIPES["cpu"]["target"], tokenizer, seed=0).eval()
     vocab = len(tokenizer)
+    if args.hf_generate:
+        hf_generate_rows(model, vocab, args.batch_sizes, args.context)
+        return
     print(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, context {args.context}, "
           f"step {args.step}, threads {torch.get_num_threads()}")
     shares = args.shares

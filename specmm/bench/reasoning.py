@@ -14,8 +14,11 @@ prompts waiting. The report gives tokens/s, problems/s, the mean latency per pro
 batch to its last step; for the core engine's token-level row, its batch's wall time), accuracy with its
 standard error, and where the time goes (each model's busy share, then policy, prefill and the rest).
 
-With `compile=True` the core token-level row also runs in the core's compiled mode. Its warm-up covers every
-round (each prompt width compiles), its compile seconds are reported apart, and compile events during timed
+Plain decoding as a user of the stock model runs it is a baseline too: HF `generate` in batches, and with
+`compile=True` also over a static cache with its decode step compiled (`fast_path.hf_static_compile_kwargs`).
+
+With `compile=True` the core token-level row also runs in the core's compiled mode. Compiled rows warm up on every
+round (each prompt width compiles), their compile seconds are reported apart, and compile events during timed
 rounds are counted. Step-level rows stay eager (StepSpeculator has no compiled path).
 """
 
@@ -33,7 +36,7 @@ from tqdm.auto import tqdm
 
 import specmm
 from specmm.bench.compile_watch import CompileWatch
-from specmm.bench.fast_path import compiled_parts
+from specmm.bench.fast_path import compiled_parts, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar
 from specmm.core.stats import GenerationStats
 from specmm.drafters import ModelDrafter
@@ -163,6 +166,41 @@ def step_method(models, policy, setup: ReasoningBenchSetup, device, batch: int, 
     return run
 
 
+def cut_rows(sequences: torch.Tensor, prompt_width: int, eos: int | None) -> list[list[int]]:
+    """Each row's new tokens [B, L] -> lists, each cut after its first `eos` (kept)."""
+    rows = sequences[:, prompt_width:].tolist()
+    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+
+
+def hf_generate_method(models, setup: ReasoningBenchSetup, device, batch: int, static: bool = False):
+    """Plain decoding with the stock model, in batches: HF `generate`, eager or (`static`) over a static cache with
+    its decode step compiled. One token per target forward per row, by definition."""
+    tokenizer, target = models.tokenizer, models.target
+    sampling = {"do_sample": False} if setup.temperature == 0 else {
+        "do_sample": True, "temperature": setup.temperature, "top_k": None, "top_p": None}
+
+    def run(problems, start: int, tally: Tally) -> None:
+        torch.manual_seed(start)  # sampled rows: HF draws from the global generator
+        for first in range(0, len(problems), batch):
+            enc = tokenizer([p.prompt for p in problems[first: first + batch]], return_tensors="pt", padding=True)
+            extra = hf_static_compile_kwargs(target) if static else {}
+            begin = _synced(device)
+            out = target.generate(enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+                                  max_new_tokens=setup.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id, **sampling, **extra)
+            seconds = _synced(device) - begin
+            tally.compiled = static and hf_compiled(target)
+            rows = cut_rows(out, enc["input_ids"].shape[1], tokenizer.eos_token_id)
+            tally.wall_s += seconds
+            tally.latency_s += [seconds] * len(rows)  # no per-row finish time: the batch's
+            tally.completions += rows
+            counts = [len(row) for row in rows]
+            tally.stats.add(GenerationStats(target_forwards=max(counts), new_tokens=sum(counts),
+                                            new_tokens_per_row=counts, target_forwards_per_row=counts))
+        tally.batches += 1
+    return run
+
+
 def token_sd_method(models, setup: ReasoningBenchSetup, device, batch: int, compile: bool = False):
     """Exact token-level speculation (core engine, chain of k draft tokens) on whole solutions, in batches."""
     tokenizer = models.tokenizer
@@ -182,9 +220,7 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device, batch: int, comp
             tally.wall_s += seconds
             tally.latency_s += [seconds] * len(part)  # no per-row finish time: the batch's
             tally.compiled = "target" in compiled_parts(gen)
-            for row in out.sequences[:, enc["input_ids"].shape[1]:].tolist():
-                tally.completions.append(row[: row.index(tokenizer.eos_token_id) + 1]
-                                         if tokenizer.eos_token_id in row else row)
+            tally.completions += cut_rows(out.sequences, enc["input_ids"].shape[1], tokenizer.eos_token_id)
             tally.stats.add(out.stats)
         tally.batches += 1
     return run
@@ -231,6 +267,12 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
         name = f"target-only [{_label(setup, schedule)}]"
         methods[name] = step_method(models, TargetOnly(), setup, device, batch, schedule)
         baselines.add(name)
+    hf_rows = {f"target-only (HF generate, batch {batch})": False}
+    if setup.compile:
+        hf_rows[f"target-only (HF generate, static cache + torch.compile, batch {batch})"] = True
+    for name, static in hf_rows.items():
+        methods[name] = hf_generate_method(models, setup, device, batch, static)
+        baselines.add(name)
     methods["draft-only [lockstep]"] = step_method(models, DraftOnly(), setup, device, batch)
     policies = [SpecReason(t, template=template, method="expected") for t in setup.specreason_thresholds]
     policies += [Arbitrage(models.router, t) for t in setup.arbitrage_thresholds]
@@ -240,9 +282,10 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
                                                                                schedule)
     token_sd = f"token-level SD (exact, chain {k})"
     methods[f"{token_sd} [core, batched]"] = token_sd_method(models, setup, device, batch)
-    compiled = frozenset({f"{token_sd} [core, batched, compiled]"} if setup.compile else ())
-    for name in compiled:
+    compiled_sd = {f"{token_sd} [core, batched, compiled]"} if setup.compile else set()
+    for name in compiled_sd:
         methods[name] = token_sd_method(models, setup, device, batch, compile=True)
+    compiled = frozenset(compiled_sd | {name for name, static in hf_rows.items() if static})
     methods[f"{token_sd} [{_label(setup, 'async')}]"] = step_method(models, TargetOnly(), setup, device, batch,
                                                                    "async", inner=k)
     strictest = SpecReason(max(setup.specreason_thresholds), template=template, method="expected")
@@ -250,8 +293,9 @@ def bench_batch_size(models, batch: int, setup: ReasoningBenchSetup, device, pro
         methods[f"{strictest.name} + token SD k={k} in regenerated steps [{_label(setup, schedule)}]"] = step_method(
             models, strictest, setup, device, batch, schedule, inner=k)
     round_size = batch * setup.round_batches
-    results = run_interleaved(methods, problems, batch, models.tokenizer, progress, f"bench (batch {batch})",
-                              round_size, compiled, frozenset(baselines))
+    with hf_compile_scope(models.target):  # the HF static row's compiled call lives on the model until the end
+        results = run_interleaved(methods, problems, batch, models.tokenizer, progress, f"bench (batch {batch})",
+                                  round_size, compiled, frozenset(baselines))
     # random routing at each measured acceptance rate of the learned policies, interleaved among themselves
     first = f"[{_label(setup, schedules[0])}]"
     matched = [r for r in results if r.name.startswith(("specreason", "arbitrage")) and "token SD" not in r.name
@@ -294,7 +338,7 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
     problems = setup.problems.get(batch, 2 * batch)
     notes = [
         ("speedup = first row's wall time / the method's, on the same problems; 'speedup vs best AR' is over the "
-         "faster target-only row (lockstep batches, or asynchronous with refill). Wall time is measured per round "
+         "fastest target-only row (lockstep batches, asynchronous with refill, or HF generate). Wall time is measured per round "
          f"of {setup.round_batches} batches (device-synchronised, after a warm-up batch of every method; methods "
          "interleaved round by round, random controls in a second interleaved pass); 'median s' holds the mean "
          "wall time per round."),
@@ -312,9 +356,12 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
         "accuracy: exact answer check on held-out ChainArith problems, ± binomial standard error.",
         "random(p=...) escalates each step with probability p = 1 - the matched policy's measured acceptance.",
     ]
+    notes.append("target-only (HF generate): the stock model's own batched decoding, the plain decoding a user "
+                 "would pick (with --compile also over a static cache with its decode step compiled); latency/problem "
+                 "is its batch's wall time.")
     if setup.compile:
-        notes.append("The compiled token-level row warmed up on every round (prompt widths differ per batch); step-"
-                     "level rows, inner token SD included, run eager.")
+        notes.append("The compiled rows (HF's static cache, the core token-level row) warmed up on every round (prompt "
+                     "widths differ per batch); step-level rows, inner token SD included, run eager.")
     return BenchReport(name=f"specmm bench reasoning: batch {batch} ({problems} problems)", command=command,
                        rows=rows, setup={**description, "batch": batch, "problems": problems,
                                          "temperature": setup.temperature, "max_new_tokens": setup.max_new_tokens,

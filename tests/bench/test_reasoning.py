@@ -28,9 +28,11 @@ def test_bench_reports_every_method_in_both_schedules_and_exact_rows_reproduce_t
     for rows in results.values():
         by_name = {r.name: r for r in rows}
         names = [r.name for r in rows]
-        assert names[:3] == ["target-only [lockstep]", "target-only [async, refill]", "draft-only [lockstep]"]
+        assert names[:4] == ["target-only [lockstep]", "target-only [async, refill]",
+                             "target-only (HF generate, batch 2)", "draft-only [lockstep]"]
         for exact in [n for n in names if n.startswith(("target-only", "token-level"))]:  # greedy: target's tokens
             assert by_name[exact].completions == rows[0].completions
+        assert by_name["target-only (HF generate, batch 2)"].mean_accepted == 1.0  # a token per forward and row
         for name in [n for n in names if n.endswith("[lockstep]") and not n.startswith("draft-only")]:
             assert by_name[name.replace("[lockstep]", "[async, refill]")].completions == by_name[name].completions
         assert any(n.startswith("specreason") for n in names) and any(n.startswith("arbitrage") for n in names)
@@ -38,10 +40,11 @@ def test_bench_reports_every_method_in_both_schedules_and_exact_rows_reproduce_t
         assert len(randoms) == 4 and all("[matches" in r.name for r in randoms)
         assert all(0.0 <= r.accuracy <= 1.0 and r.wall_s > 0 and r.problems_per_s > 0 for r in rows)
         assert all(0 < r.latency_per_problem_s <= r.wall_s for r in rows)
-        step_level = [r for r in rows if "[core" not in r.name]
+        step_level = [r for r in rows if "[core" not in r.name and "HF generate" not in r.name]
         assert all(0 < r.time_share["target"] + r.time_share["draft"] <= 1 for r in step_level)
         assert by_name["draft-only [lockstep]"].time_share["target"] == 0
-    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only [lockstep]", "target-only [async, refill]"]
+    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only [lockstep]", "target-only [async, refill]",
+                                                                  "target-only (HF generate, batch 2)"]
     assert not any(r.compiled for r in reports[0].rows)  # eager unless setup.compile
     table = reports[0].table()
     for column in ("accuracy", "within 1 SE of target", "problems/s", "latency/problem s", "time % draft / target"):
@@ -70,3 +73,21 @@ def test_a_run_stopped_after_its_first_batch_size_keeps_that_report_marked_parti
     data = json.loads((tmp_path / "partial.json").read_text())
     assert data["pending_batch_sizes"] == [2] and set(data["results"]) == {"1"}
     assert (tmp_path / "partial.md").read_text().startswith("**Partial report:** batch sizes 2 have not run yet.")
+
+
+def test_the_hf_static_baseline_compiles_hfs_decode_step_and_reproduces_eager_generate(tiny_models):
+    """`--compile`'s plain-decoding baseline: HF `generate` over a static cache with its decode step compiled (graph
+    capture here), the same completions as eager HF `generate`, and the row says it ran compiled."""
+    from specmm.bench.fast_path import hf_compile_scope
+    from specmm.bench.reasoning import Tally, hf_generate_method
+
+    setup = ReasoningBenchSetup(max_new_tokens=16, compile=True)
+    problems = tiny_models.heldout_problems(3)
+    tallies = {static: Tally() for static in (False, True)}
+    with hf_compile_scope(tiny_models.target):
+        for static, tally in tallies.items():
+            hf_generate_method(tiny_models, setup, torch.device("cpu"), 2, static)(problems, 0, tally)
+    assert tallies[True].completions == tallies[False].completions and len(tallies[True].completions) == 3
+    assert tallies[True].compiled and not tallies[False].compiled
+    assert tallies[True].stats.new_tokens == sum(len(row) for row in tallies[True].completions)
+    assert "_compiled_call" not in tiny_models.target.__dict__  # the scope left the model as it was
