@@ -176,8 +176,8 @@ def hf_generate_method(models, setup: ReasoningBenchSetup, device, batch: int, s
     """Plain decoding with the stock model, in batches: HF `generate`, eager or (`static`) over a static cache with
     its decode step compiled. One token per target forward per row, by definition."""
     tokenizer, target = models.tokenizer, models.target
-    sampling = {"do_sample": False} if setup.temperature == 0 else {
-        "do_sample": True, "temperature": setup.temperature, "top_k": None, "top_p": None}
+    sampling = {"do_sample": False} if setup.temperature == 0 else {  # top-k 0 and top-p 1 are off, passed so that
+        "do_sample": True, "temperature": setup.temperature, "top_k": 0, "top_p": 1.0}  # no checkpoint default applies
 
     def run(problems, start: int, tally: Tally) -> None:
         torch.manual_seed(start)  # sampled rows: HF draws from the global generator
