@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 import specmm
 from specmm.bench.compile_watch import CompileWatch
+from specmm.bench.core import new_token_rows
 from specmm.bench.fast_path import compiled_parts, hf_compile_scope, hf_compiled, hf_static_compile_kwargs
 from specmm.bench.harness import BenchReport, BenchRow, compare_with_best_ar
 from specmm.core.stats import GenerationStats
@@ -166,12 +167,6 @@ def step_method(models, policy, setup: ReasoningBenchSetup, device, batch: int, 
     return run
 
 
-def cut_rows(sequences: torch.Tensor, prompt_width: int, eos: int | None) -> list[list[int]]:
-    """Each row's new tokens [B, L] -> lists, each cut after its first `eos` (kept)."""
-    rows = sequences[:, prompt_width:].tolist()
-    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
-
-
 def hf_generate_method(models, setup: ReasoningBenchSetup, device, batch: int, static: bool = False):
     """Plain decoding with the stock model, in batches: HF `generate`, eager or (`static`) over a static cache with
     its decode step compiled. One token per target forward per row, by definition."""
@@ -190,7 +185,7 @@ def hf_generate_method(models, setup: ReasoningBenchSetup, device, batch: int, s
                                   pad_token_id=tokenizer.pad_token_id, **sampling, **extra)
             seconds = _synced(device) - begin
             tally.compiled = static and hf_compiled(target)
-            rows = cut_rows(out, enc["input_ids"].shape[1], tokenizer.eos_token_id)
+            rows = new_token_rows(out, enc["input_ids"].shape[1], tokenizer.eos_token_id, tokenizer.pad_token_id)
             tally.wall_s += seconds
             tally.latency_s += [seconds] * len(rows)  # no per-row finish time: the batch's
             tally.completions += rows
@@ -220,7 +215,8 @@ def token_sd_method(models, setup: ReasoningBenchSetup, device, batch: int, comp
             tally.wall_s += seconds
             tally.latency_s += [seconds] * len(part)  # no per-row finish time: the batch's
             tally.compiled = "target" in compiled_parts(gen)
-            tally.completions += cut_rows(out.sequences, enc["input_ids"].shape[1], tokenizer.eos_token_id)
+            tally.completions += new_token_rows(out.sequences, enc["input_ids"].shape[1], tokenizer.eos_token_id,
+                                                tokenizer.pad_token_id)
             tally.stats.add(out.stats)
         tally.batches += 1
     return run

@@ -157,7 +157,6 @@ def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:
     """[B, T] parents/depth -> [B, T, T] ancestor-or-self mask, one tensor op per level."""
     batch, nodes = parents.shape
     eye = torch.eye(nodes, dtype=torch.bool, device=parents.device).expand(batch, nodes, nodes)
-    mask = eye.clone()
     parent_rows = parents.clamp_min(0)[:, :, None].expand(batch, nodes, nodes)
     if torch.compiler.is_compiling() and max_depth > GATHER_MAX_DEPTH:
         # Compiled, inductor inlines each level into the next: a level reads the one before twice (its own row and,
@@ -166,11 +165,13 @@ def ancestor_mask(parents: Tensor, depth: Tensor, max_depth: int) -> Tensor:
         # 6 of the 7 minutes a depth-8 prompt-lookup round compiled in. Here each level reads its parents' rows by a
         # one-hot matrix product, which inductor runs as its own kernel: one read of the level before.
         pick = (parent_rows == torch.arange(nodes, device=parents.device)).float()  # [B, T, T] one-hot rows
-        rows = mask.float()  # [B, T, T] 0/1
+        own = eye.float()  # [B, T, T] 0/1
+        rows = own
         for level in range(1, max_depth + 1):
-            inherited = torch.maximum(torch.bmm(pick, rows), eye.float())
+            inherited = torch.maximum(torch.bmm(pick, rows), own)
             rows = torch.where((depth == level)[:, :, None], inherited, rows)
         return rows > 0
+    mask = eye.clone()
     for level in range(1, max_depth + 1):
         inherited = mask.gather(1, parent_rows) | eye
         mask = torch.where((depth == level)[:, :, None], inherited, mask)
