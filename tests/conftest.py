@@ -31,10 +31,14 @@ from transformers import (
 # inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off here
 # (read when specmm is first imported, after this file) but in the test that sets `compiled.CPP_WRAPPER` itself
 os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
-# compiled mode captures its graphs with AOT autograd but generates no kernels (`aot_eager`): on a fresh machine
-# inductor's C++ compile costs seconds per graph, minutes over the suite; the tests that check inductor's kernels
-# ask for them with the `inductor` fixture
-os.environ.setdefault("SPECMM_COMPILE_BACKEND", "aot_eager")
+# compiled mode's graphs are captured by dynamo and run as captured (the "eager" backend): inductor's C++ compile
+# costs seconds per graph and AOT autograd doubles a capture's cost, minutes over the suite on 2 cores. The graphs
+# are the same static-shape graphs over the same static caches; AOT's functionalisation of their in-place writes is
+# checked where it matters: inductor's own kernels (the `inductor` fixture), CUDA graphs' rules played on the CPU
+# (`tests.graph_pool`, through AOT autograd) and the LlamaGen fixtures. SPECMM_TEST_BACKEND=aot_eager runs every
+# capture-only test functionalised (about twice as slow).
+CAPTURE_BACKEND = os.environ.get("SPECMM_TEST_BACKEND", "eager")
+os.environ.setdefault("SPECMM_COMPILE_BACKEND", CAPTURE_BACKEND)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)
 if WORKER:
     torch.set_num_threads(1)  # one worker per core: intra-op threads would only contend
@@ -61,8 +65,14 @@ MORE_ARCHITECTURES = {
 
 
 @pytest.fixture
+def capture_only(monkeypatch):
+    """Compiled mode on the suite's capture backend (`CAPTURE_BACKEND`), whatever an earlier test set."""
+    monkeypatch.setattr("specmm.core.compiled.BACKEND", CAPTURE_BACKEND)
+
+
+@pytest.fixture
 def inductor(monkeypatch):
-    """Compiled mode on inductor's kernels (the suite's default is graph capture only: `aot_eager`)."""
+    """Compiled mode on inductor's kernels (the suite's default is graph capture only: `CAPTURE_BACKEND`)."""
     monkeypatch.setattr("specmm.core.compiled.BACKEND", "inductor")
 
 

@@ -16,8 +16,9 @@ The pool also lists what would make CUDA-graph trees run a graph without CUDA gr
 - `hosted`: a tensor factory without a device inside a graph, which on a GPU makes a CPU tensor.
 
 `graphed_on_cpu(monkeypatch)` puts compiled mode (core engine, image sampler, SSM targets) in its CUDA-graph mode:
-graphs compiled for that mode run on the pool, the others (helpers compiled without CUDA graphs) plainly, all
-through AOT autograd (functionalised as inductor's are, without kernel codegen).
+graphs compiled for that mode run on the pool, the others (helpers compiled without CUDA graphs) plainly, all on the
+suite's capture backend (`tests.conftest.CAPTURE_BACKEND`; SPECMM_TEST_BACKEND=aot_eager functionalises them as
+inductor's are, without kernel codegen).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.utils._pytree import tree_leaves
 
 from specmm.core import compiled
 from specmm.core.compiled import GRAPHED
+from tests.conftest import CAPTURE_BACKEND
 
 POISON_INDEX = 2**30  # an integer output read after it was overwritten indexes far out of range
 
@@ -87,11 +89,15 @@ ACTIVE: GraphPool | None = None  # the pool of the running test (a graph compile
 
 
 def pooled_backend(graph: torch.fx.GraphModule, example_inputs: list[Tensor]):
-    """aot_eager, each call's outputs recorded in the active pool, with the inputs it mutated that are not static
-    (parameters, buffers and `mark_static_address`ed tensors are): the trees run such a graph without CUDA graphs."""
-    from torch._dynamo.backends.debugging import aot_eager
+    """The suite's capture backend, each call's outputs recorded in the active pool, with the inputs it mutated that
+    are not static (parameters, buffers and `mark_static_address`ed tensors are): the trees run such a graph without
+    CUDA graphs. Mutations are read off the inputs' version counters, so the graph needs no functionalising."""
+    if CAPTURE_BACKEND == "aot_eager":
+        from torch._dynamo.backends.debugging import aot_eager
 
-    run = aot_eager(graph, example_inputs)
+        run = aot_eager(graph, example_inputs)
+    else:
+        run = graph
     name = _where(next((n for n in graph.graph.nodes if n.op == "call_function"), None)) or "graph"
     placeholders = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
     if ACTIVE is not None:
@@ -132,10 +138,10 @@ def graphed_on_cpu(monkeypatch, pool: GraphPool | None = None) -> GraphPool:
     plain = compiled.compile_static
 
     def compile_static(fn, mode=None, backend=None, fullgraph=False):
-        return plain(fn, mode, pooled_backend if mode == GRAPHED else "aot_eager", fullgraph)
+        return plain(fn, mode, pooled_backend if mode == GRAPHED else CAPTURE_BACKEND, fullgraph)
 
     monkeypatch.setattr(sys.modules[__name__], "ACTIVE", pool)
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    monkeypatch.setattr(compiled, "BACKEND", CAPTURE_BACKEND)
     monkeypatch.setattr(compiled, "compile_static", compile_static)
     monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
     monkeypatch.setattr("specmm.image_ar.compiled.graph_mode", lambda device: GRAPHED)

@@ -84,8 +84,7 @@ def test_bench_core_row_selection_keeps_only_the_asked_trees_and_profiles(tmp_pa
     assert all(r["round_ms"] == {} for r in specmm_rows)  # no profiled run, so no per-round split
 
 
-def test_bench_core_compile_reports_baselines_compile_time_apart_and_identical_outputs(tmp_path, monkeypatch):
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")  # graph capture without kernel codegen
+def test_bench_core_compile_reports_baselines_compile_time_apart_and_identical_outputs(tmp_path, capture_only):
     target = tiny_model("llama", dtype=torch.float32)
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([4, 7], seed=3)

@@ -1,9 +1,9 @@
 """Compiled mode (`compile=True`): the same tokens as eager and HF `generate`, the target's law when
 sampling, and at most one host sync per round. Few and small: every new shape costs a compile.
 
-These run the suite's `aot_eager` backend, which captures the same graphs over the same static caches without
-generating kernels (inductor's C++ compile would make the suite minutes longer on 2 cores); `test_compiled_kernels`
-runs inductor's kernels themselves."""
+These run the suite's capture backend (`tests.conftest.CAPTURE_BACKEND`: dynamo's graphs, run as captured), the
+same graphs over the same static caches without kernel codegen (inductor's C++ compile would make the suite minutes
+longer on 2 cores); `test_compiled_kernels` runs inductor's kernels themselves."""
 
 from __future__ import annotations
 
@@ -20,11 +20,6 @@ from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import EagleDrafter, ModelDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
 from tests.core.test_engine_sampling import SAMPLINGS, TREES, assert_matches, exact_joint, models
-
-@pytest.fixture
-def capture_only(monkeypatch):
-    """Compile with the aot_eager backend (graph capture, no kernel codegen)."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
 
 TREE_KINDS = {"chain": specmm.TreeSpec.chain(3), "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=8)}
 

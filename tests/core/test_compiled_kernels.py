@@ -1,4 +1,4 @@
-"""Compiled mode on inductor's own kernels (the rest of the suite captures graphs with `aot_eager`): a ragged batch
+"""Compiled mode on inductor's own kernels (the rest of the suite only captures graphs): a ragged batch
 with EOS through the dynamic tree, and the C++ wrapper (compiled mode's default on a CPU machine) through a chain
 and HF's static baseline. Two tests only: each graph costs seconds of C++ compile on a fresh machine."""
 

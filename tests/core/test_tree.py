@@ -127,10 +127,9 @@ def test_dynamic_tree_is_eagle2_selection(depth, top_k, total):
         assert (tree.parents[b, 1:] < torch.arange(1, total)).all()  # parents precede children
 
 
-def test_compiled_dynamic_growth_builds_the_eager_tree(monkeypatch):
+def test_compiled_dynamic_growth_builds_the_eager_tree(capture_only):
     """Compiled rounds run the growth's tensor steps as compiled graphs (graph capture here; the compiled
     engine tests run inductor): same tree, same drafter slots, and the ancestor table its parents give."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
     roots = torch.tensor([3, 7, 1])
     spec = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=9)
     eager = grow_tree(spec, roots, TableDrafter().table[roots], TableDrafter().expand, SamplingConfig(0.0))

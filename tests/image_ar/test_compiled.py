@@ -1,14 +1,12 @@
 """Compiled image sampling (`ImageSampler(compile=True)`): greedy AR tokens with guidance for Jacobi and the
 drafter, the LlamaGen fixtures, the target's law for exact SD and SJD, and one host sync per round.
 
-Graphs are captured by dynamo and run by its "eager" backend (the fixture checks go through AOT autograd too, with
-"aot_eager", which functionalises the in-place cache writes as inductor does): the same static-shape graphs over
-the same static caches, without inductor's kernel codegen, which would make the suite minutes longer. The whole
-file also passes with SPECMM_TEST_BACKEND=aot_eager (about three times slower)."""
+Graphs are captured by dynamo and run as captured (the suite's `CAPTURE_BACKEND`; the fixture checks go through AOT
+autograd too, with "aot_eager", which functionalises the in-place cache writes as inductor does): the same
+static-shape graphs over the same static caches, without inductor's kernel codegen, which would make the suite
+minutes longer. The whole file also passes with SPECMM_TEST_BACKEND=aot_eager (about three times slower)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -24,12 +22,7 @@ from tests.image_ar.conftest import tiny_llamagen
 from tests.image_ar.llamagen.test_fixtures import FIXTURES
 
 CONDITIONS = torch.tensor([1, 3, 5])
-BACKEND = os.environ.get("SPECMM_TEST_BACKEND", "eager")
-
-
-@pytest.fixture(autouse=True)
-def capture_only(monkeypatch):
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", BACKEND)
+pytestmark = pytest.mark.usefixtures("capture_only")
 
 
 def greedy(sampler: ImageSampler, conditions: torch.Tensor = CONDITIONS, cfg_scale: float = 3.0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Compiled mode on VLM targets: LLaVA, Qwen2.5-VL (M-RoPE) and Gemma 3 (bidirectional image blocks) with the
 VisionDrafter methods give the stock `generate` tokens (DREAM's prefill reads the last layer's attention through
-the static cache's whole-buffer mask). Graphs are captured with the aot_eager backend (see
+the static cache's whole-buffer mask). Graphs are captured on the suite's capture backend (see
 tests/core/test_compiled.py)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from tests.vlm.test_targets import MAX_NEW, PAD, setup
 
 @pytest.mark.parametrize("family, method", [("llava", "vispec"), ("llava", "eagle"), ("llava", "dream"),
                                             ("qwen2_5_vl", "vispec"), ("qwen2_5_vl", "eagle"), ("qwen2_5_vl", "dream")])
-def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch):
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
+def test_compiled_greedy_tokens_equal_stock_generate(family, method, capture_only):
     model, inputs, eos, reference = setup(family)
     gen = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=SPECS["dynamic"], compile=True)
     out = gen.generate(**inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
@@ -30,12 +29,11 @@ def test_compiled_greedy_tokens_equal_stock_generate(family, method, monkeypatch
     gen.end()
 
 
-def test_compiled_gemma3_bidirectional_prefill_equals_stock_generate(monkeypatch):
+def test_compiled_gemma3_bidirectional_prefill_equals_stock_generate(capture_only):
     """Gemma 3's image-block prefill mask through the static caches (sliding and full layers)."""
     from tests.vlm.test_families import SPEC
     from tests.vlm.test_families import setup as family_setup
 
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "aot_eager")
     model, inputs, eos, reference = family_setup("gemma3")
     gen = specmm.SpeculativeGenerator(model, drafter_for(model, "vispec"), tree=SPEC, compile=True)
     out = gen.generate(**inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=PAD)
