@@ -34,9 +34,9 @@ os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
 # compiled mode's graphs are captured by dynamo and run as captured (the "eager" backend): inductor's C++ compile
 # costs seconds per graph and AOT autograd doubles a capture's cost, minutes over the suite on 2 cores. The graphs
 # are the same static-shape graphs over the same static caches; AOT's functionalisation of their in-place writes is
-# checked where it matters: inductor's own kernels (the `inductor` fixture), CUDA graphs' rules played on the CPU
-# (`tests.graph_pool`, through AOT autograd) and the LlamaGen fixtures. SPECMM_TEST_BACKEND=aot_eager runs every
-# capture-only test functionalised (about twice as slow).
+# checked where it matters: inductor's own kernels (the `inductor` fixture) and the LlamaGen fixtures. CUDA graphs'
+# rules played on the CPU (`tests.graph_pool`) read in-place writes off version counters, on this backend too.
+# SPECMM_TEST_BACKEND=aot_eager runs every capture-only test functionalised (about twice as slow).
 CAPTURE_BACKEND = os.environ.get("SPECMM_TEST_BACKEND", "eager")
 os.environ.setdefault("SPECMM_COMPILE_BACKEND", CAPTURE_BACKEND)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)

@@ -128,10 +128,9 @@ def test_greedy_mixed_full_and_sliding_layers_equal_target_generate():
 
 
 @pytest.mark.parametrize("compile", [False, True])
-def test_greedy_chunked_attention_layers_equal_target_generate(compile, monkeypatch):
+def test_greedy_chunked_attention_layers_equal_target_generate(compile, capture_only):
     """Llama 4's chunked layers (keys in the query's block of positions) get their own mask next to the full
     layers', in a ragged batch with EOS, chains and trees alike, eager and compiled (dynamo's graphs, no codegen)."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")
     target, drafters, ids, mask, eos, reference = setup("llama4")
     assert set(target.config.layer_types) == {"chunked_attention", "full_attention"}
     for spec in ("dynamic",) if compile else ("chain3", "static", "dynamic"):

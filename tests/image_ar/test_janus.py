@@ -210,10 +210,9 @@ def test_compiled_greedy_tokens_equal_hf_generate_under_cuda_graph_rules(janus, 
 
 
 @pytest.mark.parametrize("proposer", ["jacobi", "drafter"])
-def test_compiled_sampling_draws_eager_modes_tokens(janus, proposer, monkeypatch):
+def test_compiled_sampling_draws_eager_modes_tokens(janus, proposer, capture_only):
     """Sampled with the same seeds, compiled mode gives eager mode's tokens (its draws are made eagerly, in eager
     mode's order, `specmm.core.compiled.taped_rounds`), so it samples the law the eager tests check."""
-    monkeypatch.setattr("specmm.core.compiled.BACKEND", "eager")  # dynamo's graphs without AOT or codegen
     model, processor = janus
     tokens = []
     for compile in (False, True):
