@@ -36,7 +36,7 @@ os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
 # are the same static-shape graphs over the same static caches; AOT's functionalisation of their in-place writes is
 # checked where it matters: inductor's own kernels (the `inductor` fixture) and the LlamaGen fixtures. CUDA graphs'
 # rules played on the CPU (`tests.graph_pool`) read in-place writes off version counters, on this backend too.
-# SPECMM_TEST_BACKEND=aot_eager runs every capture-only test functionalised (about twice as slow).
+# SPECMM_TEST_BACKEND=aot_eager runs every capture-only test functionalised (slower).
 CAPTURE_BACKEND = os.environ.get("SPECMM_TEST_BACKEND", "eager")
 os.environ.setdefault("SPECMM_COMPILE_BACKEND", CAPTURE_BACKEND)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in `make test`'s parallel workers (pytest-xdist)
