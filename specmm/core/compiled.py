@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 import time
 import types
 import warnings
@@ -123,6 +124,42 @@ def inductor_options(mode: str | None) -> dict:
     return {}
 
 
+COMPILE_FIRST_ROUNDS = os.environ.get("SPECMM_COMPILE_FIRST_ROUNDS", "1") != "0"
+"""Whether the rounds a generation runs per part before its whole-round graph takes over (a first round in shapes of
+its own; the one or two rounds that record a sampled generation's draw tape, `taped_rounds`) run each part
+compiled. On, each part is a graph of its own (about a dozen per configuration, compiled once, reused by later
+generations); off, those rounds run eager: far fewer graphs to compile, one or two slower rounds per generation.
+The test suite turns it off (SPECMM_COMPILE_FIRST_ROUNDS=0; the tracing of those graphs was minutes of it) but for
+the tests that check it. A round that cannot compile whole (`CompiledRound.failed`) runs its parts compiled
+either way."""
+
+
+class _EagerParts(threading.local):
+    depth = 0  # > 0 while this thread runs a first round's parts eager (`as_first_round`)
+
+
+_EAGER_PARTS = _EagerParts()
+
+
+def as_first_round(step):
+    """`step` (any callable) as a per-part round before the whole-round graph: its compiled parts
+    (`CompiledForward`, `compiled_helper`) run eager inside each call unless `COMPILE_FIRST_ROUNDS`."""
+    def run(*args, **kwargs):
+        if COMPILE_FIRST_ROUNDS:
+            return step(*args, **kwargs)
+        _EAGER_PARTS.depth += 1
+        try:
+            return step(*args, **kwargs)
+        finally:
+            _EAGER_PARTS.depth -= 1
+    return run
+
+
+def _runs_eager() -> bool:
+    """Inside a graph being compiled (traced into it) or a first round run eager: a part calls its plain function."""
+    return _EAGER_PARTS.depth > 0 or torch.compiler.is_compiling()
+
+
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
@@ -223,7 +260,7 @@ def compiled_helper(fn):
         compiled = compile_static(fn)
 
         def found(*args, **kwargs):
-            return fn(*args, **kwargs) if torch.compiler.is_compiling() else compiled(*args, **kwargs)
+            return fn(*args, **kwargs) if _runs_eager() else compiled(*args, **kwargs)
         _HELPERS[fn] = found
     return found
 
@@ -269,7 +306,7 @@ class CompiledForward:
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
-        if self.failed is not None or torch.compiler.is_compiling():  # inside a compiled round: traced into it
+        if self.failed is not None or _runs_eager():  # traced into a compiled round, or an eager first round
             return self.model(**inputs)
         inputs = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()) if isinstance(v, torch.Tensor))
@@ -350,6 +387,7 @@ def taped_rounds(per_part, whole, device: torch.device, repeating: set[tuple] | 
     4. Every later round refills the tape and runs `whole`.
     """
     repeating = set() if repeating is None else repeating
+    per_part = as_first_round(per_part)  # the recording rounds
     tape: DrawTape | None = None
     first: tuple | None = None  # (key, the first round's draws) until the second round has run
 

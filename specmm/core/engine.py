@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, compiled_helper, graph_mode,
-                                  held_modules, settings_key, shared_round, taped_rounds)
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, as_first_round, compiled_helper,
+                                  graph_mode, held_modules, settings_key, shared_round, taped_rounds)
 from specmm.core.compiled_accept import accept_compiled
 from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
@@ -418,7 +418,8 @@ class SpeculativeGenerator:
         alive = keep("alive", torch.ones(batch, dtype=torch.bool, device=device)) if self.compile else None
         if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
             eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
-            step, later_step = functools.partial(recorded_round, self), self._round_step(sampling, recorded=True)
+            step = as_first_round(functools.partial(recorded_round, self))
+            later_step = self._round_step(sampling, recorded=True)
             # sampled: the first round records the draw tape; greedy, where the parts start in the later rounds'
             # shapes, it runs the later rounds' graph
             step = step if sampling.greedy and not self._uniform_first_round() else later_step
@@ -434,7 +435,7 @@ class SpeculativeGenerator:
                 if all_done:
                     break
             return out, counts, rounds, histogram, self._finish(stats, moved)
-        step, later_step = self.step, self._round_step(sampling)
+        step, later_step = as_first_round(self.step), self._round_step(sampling)
         step = step if sampling.greedy and not self._uniform_first_round() else later_step  # as above
         while active.numel():
             history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)

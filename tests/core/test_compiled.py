@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import specmm
+from specmm.core import compiled as compiled_mode
 from specmm.core.compiled import GRAPHED, compiled_forward, run_graphed
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import EagleDrafter, ModelDrafter
@@ -66,15 +67,18 @@ def test_compiled_eagle_greedy_equals_generate(capture_only):
     assert gen.whole_round  # the whole round as one graph: forwards, tree growth, walk, commits
 
 
-def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only):
+def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only, monkeypatch):
     """Per-row generators, a ragged batch: rounds after the second read their draws from a tape made eagerly from
-    the same generators in the same order, so the tokens are eager mode's, row by row."""
+    the same generators in the same order, so the tokens are eager mode's, row by row. The rounds that record the
+    tape run per part: compiled part by part (the chain here, `COMPILE_FIRST_ROUNDS`), or eager, when the whole-round
+    graph is the one graph the generation compiles (the tree)."""
     target = tiny_model("llama")
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([3, 8, 5], seed=4)
     sampling = specmm.SamplingConfig(temperature=0.9, top_k=20)
-    for name, tree in TREE_KINDS.items():
-        outputs = []
+    for (name, tree), compiled_parts in zip(TREE_KINDS.items(), (True, False)):
+        monkeypatch.setattr(compiled_mode, "COMPILE_FIRST_ROUNDS", compiled_parts)
+        outputs, graphs = [], compiled_mode.graphs_compiled()
         for compile in (False, True):
             gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=compile)
             generators = [torch.Generator().manual_seed(7 + row) for row in range(3)]
@@ -84,6 +88,8 @@ def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens
         assert torch.equal(compiled.sequences, eager.sequences), f"{name}: compiled != eager"
         assert compiled.stats.accepted_histogram == eager.stats.accepted_histogram
         assert min(compiled.stats.target_forwards_per_row) > 2 and gen.whole_round, name
+        graphs = compiled_mode.graphs_compiled() - graphs
+        assert graphs > 2 if compiled_parts else graphs == 1, f"{name}: {graphs} graphs"
 
 
 @pytest.mark.parametrize("tree_name", ["chain-sampled", "dynamic-deterministic"])
@@ -228,7 +234,7 @@ def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(c
     (layer_idx, ...) must survive the fast path's guard filter, or layer 0's graph would run for layer 1."""
     target, draft = breaking_llama(monkeypatch), tiny_model("llama", seed=5, num_hidden_layers=1)
     ids, mask = left_padded_batch([4, 7], seed=1)
-    chain = specmm.TreeSpec.chain(3)
+    chain = specmm.TreeSpec.chain(2)  # each per-part graph is a trace of its own: the shortest chain
     eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
     compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain, compile=True)
     with pytest.warns(RuntimeWarning, match=r"the round does not compile as one graph \(") as seen:
@@ -245,7 +251,7 @@ def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_ung
 
     target, draft = breaking_llama(monkeypatch), tiny_model("llama", seed=5, num_hidden_layers=1)
     ids, mask = left_padded_batch([4, 7], seed=1)
-    chain = specmm.TreeSpec.chain(3)
+    chain = specmm.TreeSpec.chain(2)  # each per-part graph is a trace of its own: the shortest chain
     eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
     pool = graphed_on_cpu(monkeypatch)
     compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain, compile=True)
@@ -317,21 +323,3 @@ def test_graphed_calls_hand_out_copies_of_their_outputs_but_keep_caches():
     assert output.past_key_values is cache and result.cache is cache and isinstance(result.pair, _Pair)
     plain = compiled()
     assert run_graphed(compiled, None)[1].tokens is tokens and plain[1].tokens is tokens  # other modes: as is
-
-
-def test_the_cuda_graph_path_decodes_the_eager_tokens(capture_only, monkeypatch):
-    """The CUDA-graph mode's host side (a graph step per call, copied outputs) on a CPU, where inductor runs the
-    graphs without capture: the same tokens as eager mode, a chain and a tree in one ragged batch."""
-    monkeypatch.setattr("specmm.core.engine.graph_mode", lambda device: GRAPHED)
-    steps = []
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
-    target = tiny_model("llama")
-    draft = perturbed_copy(target, 0.3)
-    ids, mask = left_padded_batch([3, 6], seed=5)
-    for tree in TREE_KINDS.values():
-        kwargs = dict(attention_mask=mask, max_new_tokens=10, pad_token_id=0)
-        eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree).generate(ids, **kwargs)
-        gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=True)
-        assert gen.static_plan(ids.shape[1], 10).mode == GRAPHED
-        assert torch.equal(gen.generate(ids, **kwargs).sequences, eager.sequences)
-    assert steps  # the graphed calls went through run_graphed

@@ -23,7 +23,13 @@ from specmm.ssm.steps import tree_steps
 from tests.conftest import left_padded_batch
 from tests.core.test_compiled import counting_host_syncs
 from tests.ssm.conftest import COMPILED_ARCHS, VOCAB, aligned_drafter_model, tiny_ssm
-from tests.ssm.test_generate import LENGTHS, NEW_TOKENS, TREES, greedy_case
+from tests.ssm.test_generate import LENGTHS, NEW_TOKENS, greedy_case
+
+# shallower trees than the eager tests' (`tests.ssm.test_generate.TREES`, depth 5): every draft step is a drafter
+# forward traced into the round's graph, and each trace is seconds of the suite
+TREES = {"chain": specmm.TreeSpec.chain(3),
+         "static": specmm.TreeSpec.static([[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
+         "dynamic": specmm.TreeSpec.dynamic(depth=3, top_k=2, total_tokens=7)}
 
 
 pytestmark = pytest.mark.usefixtures("capture_only")
@@ -129,9 +135,11 @@ def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_t
 def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_skipped(arch, monkeypatch):
     """CUDA graphs' rules played on the CPU (`tests.graph_pool`): the verify's and commit's outputs are overwritten at
     the next step, and every state a graph writes in place (SSM and conv states, the hybrid's KV cache) must be
-    static. Draft and target compiled, two generations over the same buffers, HF `generate`'s tokens each time; the
-    chain with the replay-rollback commit too (the vanilla baseline of `bench ssm`). GraniteMoeHybrid has its own
-    test below: its forward graph-breaks inside the layer loop, so it runs without CUDA graphs."""
+    static. Draft and target compiled, two generations by new generators (as benchmarks make them) over the same
+    buffers, HF `generate`'s tokens each time: a state written in place outside static buffers is `skipped`, one the
+    second generation holds at other addresses `rerecorded`. The chain with the replay-rollback commit too (the
+    vanilla baseline of `bench ssm`). GraniteMoeHybrid has its own test below: its forward graph-breaks inside the
+    layer loop, so it runs without CUDA graphs."""
     from tests.graph_pool import graphed_on_cpu
 
     target, draft, ids, mask, reference = greedy_case(arch)
@@ -140,9 +148,9 @@ def test_under_cuda_graph_rules_stree_gives_generates_tokens_and_no_graph_is_ski
     # hybrid (each config compiles graphs of its own: the suite's time)
     more = {"mamba2": [("chain", "replay")], "bamba": [("static", "closed_form")]}.get(arch, [])
     for tree, commit in [("dynamic", "closed_form"), *more]:
-        gen = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode=commit), ModelDrafter(draft), tree=TREES[tree],
-                                          compile=True)
+        adapter = SSMTarget(target, commit_mode=commit)
         for _ in range(2):
+            gen = specmm.SpeculativeGenerator(adapter, ModelDrafter(draft), tree=TREES[tree], compile=True)
             out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
             assert torch.equal(out.sequences[:, ids.shape[1]:], reference), f"{arch}, {tree} tree, {commit}"
     assert pool.poisoned > 0 and pool.skipped == pool.hosted == pool.rerecorded == []
@@ -156,7 +164,7 @@ def test_under_cuda_graph_rules_a_model_that_graph_breaks_per_layer_runs_ungraph
 
     target, draft, ids, mask, reference = greedy_case("granite_hybrid")
     pool = graphed_on_cpu(monkeypatch)
-    gen = specmm.SpeculativeGenerator(SSMTarget(target), ModelDrafter(draft), tree=TREES["dynamic"], compile=True)
+    gen = specmm.SpeculativeGenerator(SSMTarget(target), ModelDrafter(draft), tree=TREES["chain"], compile=True)
     with pytest.warns(RuntimeWarning) as caught:
         for _ in range(2):
             out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)

@@ -1,7 +1,8 @@
 """Compiled mode on VLM targets: LLaVA, Qwen2.5-VL (M-RoPE) and Gemma 3 (bidirectional image blocks) with the
 VisionDrafter methods give the stock `generate` tokens (DREAM's prefill reads the last layer's attention through
 the static cache's whole-buffer mask). Graphs are captured on the suite's capture backend (see
-tests/core/test_compiled.py)."""
+tests/core/test_compiled.py). Qwen2.5-VL's methods and LLaVA's ViSpec are checked against the same stock tokens
+under CUDA graphs' rules, in `tests/core/test_resident.py`: each compiled case is seconds of graph tracing."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from tests.vlm.test_drafter import SPECS, drafter_for
 from tests.vlm.test_targets import MAX_NEW, PAD, setup
 
 
-@pytest.mark.parametrize("family, method", [("llava", "vispec"), ("llava", "eagle"), ("llava", "dream"),
-                                            ("qwen2_5_vl", "vispec"), ("qwen2_5_vl", "eagle"), ("qwen2_5_vl", "dream")])
+@pytest.mark.parametrize("family, method", [("llava", "eagle"), ("llava", "dream")])
 def test_compiled_greedy_tokens_equal_stock_generate(family, method, capture_only):
     model, inputs, eos, reference = setup(family)
     gen = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=SPECS["dynamic"], compile=True)
