@@ -107,7 +107,8 @@ class VisionDrafter(EagleDrafter):
         if length == 1:
             features = torch.zeros(batch, 1, hidden, dtype=dtype, device=device)
             positions = torch.zeros_like(input_ids)
-            return self._inputs(self.embed_tokens(input_ids), features), valid, positions, global_vector, (0, 0)
+            inputs = self._inputs(self.embed_tokens(input_ids), features, torch.zeros_like(features))
+            return inputs, valid, positions, global_vector, (0, 0)
         if prefill.features is None or prefill.inputs_embeds is None:
             raise ValueError("target: the VisionDrafter needs the target's prefill features and input embeddings")
         features = prefill.features.clone()  # [B, L-1, H]

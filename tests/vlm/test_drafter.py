@@ -179,3 +179,14 @@ def test_every_draft_is_the_teacher_forced_prediction_training_sees(method):
             position += 2 if tree.tokens[0, 1] == sequence[0, position] else 1
             checked += 1
     assert checked >= 3 * (MAX_NEW // 2)  # every round of every row was compared
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_batch_of_one_token_text_prompts_gives_stock_generate_tokens(method):
+    """A prompt of one token has no (embedding, feature) pair yet: the drafter starts from a zero feature and, for
+    ViSpec, a zero global vector (a fresh drafter has no earlier generation's vectors to read)."""
+    model, _, _, _ = setup("llava")
+    ids = torch.tensor([[5], [7]])
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, pad_token_id=PAD)
+    out = specmm.SpeculativeGenerator(model, drafter_for(model, method), tree=SPECS["chain3"]).generate(ids, **kwargs)
+    assert torch.equal(out.sequences, model.generate(input_ids=ids, do_sample=False, **kwargs))
