@@ -28,6 +28,12 @@ class TreeSpec:
     top_k: int = 1
     total_tokens: int = 0
     choices: tuple[tuple[int, ...], ...] = ()
+    _layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # computed here, not cached on first use: a compiled round traces `static_layout`, and dynamo cannot take
+        # the lock of a cached_property first computed inside a graph
+        object.__setattr__(self, "_layout", _static_layout(self.choices))
 
     @classmethod
     def chain(cls, k: int) -> TreeSpec:
@@ -74,17 +80,22 @@ class TreeSpec:
     def max_children(self) -> int:
         return 1 if self.kind == "chain" else self.top_k
 
-    @cached_property
+    @property
     def static_layout(self) -> tuple[list[int], list[int], list[int]]:
         """(parent, sibling rank, depth) per node of a static tree, root first."""
-        index = {(): 0}
-        parents, ranks, depths = [-1], [0], [0]
-        for i, path in enumerate(self.choices, start=1):
-            index[path] = i
-            parents.append(index[path[:-1]])
-            ranks.append(path[-1])
-            depths.append(len(path))
-        return parents, ranks, depths
+        return self._layout
+
+
+def _static_layout(choices: tuple[tuple[int, ...], ...]) -> tuple[list[int], list[int], list[int]]:
+    """(parent, sibling rank, depth) per node of the static tree of `choices` (sorted paths), root first."""
+    index = {(): 0}
+    parents, ranks, depths = [-1], [0], [0]
+    for i, path in enumerate(choices, start=1):
+        index[path] = i
+        parents.append(index[path[:-1]])
+        ranks.append(path[-1])
+        depths.append(len(path))
+    return parents, ranks, depths
 
 
 @dataclass

@@ -142,8 +142,6 @@ class ImageDrafter(CountsForwards):
         tokens, features, valid = self.pending
         plan = self.static_plan
         whole = compiles(plan) and (spec.kind != "chain" or sampling.greedy)
-        if spec.kind == "static":
-            spec.static_layout  # noqa: B018 (computed eagerly: a traced cached_property cannot take its lock)
         out = run(part(self.head, DraftRound, self.gpt), plan if whole else None, roots=roots, tokens=tokens,
                   features=features, valid=valid, lengths=self.lengths, cache=self.cache,
                   cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,

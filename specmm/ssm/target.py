@@ -90,6 +90,7 @@ class SSMTarget:
     """Tree verification for stock HF Mamba2 / hybrid models; `commit_mode="replay"` is the vanilla baseline."""
 
     provides: frozenset[str] = frozenset()
+    uniform_first_round = True  # compiled mode: the first verify has the later ones' shapes (`_prompt_depth`)
 
     def __init__(self, model: nn.Module, commit_mode: str = "closed_form", scan_dtype: torch.dtype | None = None,
                  prefill_block: int = 256):
@@ -151,7 +152,10 @@ class SSMTarget:
                                      owner=self.model, role="ssm-attention", mode=mode)
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
         self._compiled = None
-        self._root_is_prompt = True  # the first verify's roots are the prompts' last tokens
+        # the depth of the verify's prompt nodes: 0 in the first verify (its roots are the prompts' last tokens), -1
+        # (none) after it; a tensor, written in place, so the first round runs the later rounds' compiled graph
+        self._prompt_depth = resident(self.model, "prompt-depth", torch.zeros((), dtype=torch.long,
+                                                                              device=self.device), mode)
         self.steps = self._own_steps
         if compiles(plan):  # one set of graphs per model, reused by every adapter of it
             self.steps = tree_steps(self.model, self.mixers)
@@ -189,8 +193,8 @@ class SSMTarget:
         positions = None
         if self.kv is not None:
             positions = self.kv.lengths[:, None] + tree.depth  # [B, n]
-        prompt = tree.depth == (0 if self._root_is_prompt else -1)  # [B, n] the prompt's last token, first round
-        self._root_is_prompt = False
+        prompt = tree.depth == self._prompt_depth  # [B, n] the prompt's last token, first round
+        self._prompt_depth.fill_(-1)
         logits = self._forward(tree.tokens, tree.parents, tree.depth, tree.ancestors, tree.valid, positions,
                                prompt=prompt)
         return TargetOutput(logits=logits, features=None)

@@ -31,6 +31,22 @@ def test_compiled_greedy_equals_generate_and_eager_on_a_ragged_batch_with_eos(ar
         ragged_batch_with_eos_equals_generate(arch, name, tree)
 
 
+def test_a_compiled_static_tree_runs_every_round_as_one_graph(capture_only):
+    """A static tree's layout is computed with its spec, not cached on first use inside the first round's graph
+    (dynamo cannot take a cached_property's lock: the round would run per part from then on)."""
+    target = tiny_model("llama")
+    draft = perturbed_copy(target, 0.3)
+    ids, mask = left_padded_batch([3, 8, 5], seed=4)
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, pad_token_id=0)
+    choices = [[0], [1], [0, 0], [0, 0, 0]]
+    compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=specmm.TreeSpec.static(choices),
+                                           compile=True)  # a spec no eager round has read before
+    out = compiled.generate(ids, **kwargs)
+    assert compiled.whole_round, "the round did not compile as one graph"
+    reference = target.generate(ids, do_sample=False, **kwargs)
+    assert torch.equal(out.sequences, reference)
+
+
 def ragged_batch_with_eos_equals_generate(arch: str, name: str, tree: specmm.TreeSpec) -> None:
     """Compiled greedy tokens of a ragged batch (row 1 stops at EOS early) equal HF `generate` and eager mode's,
     with the same per-row forwards; a second call compiles nothing; the round runs as one graph."""

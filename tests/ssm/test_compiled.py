@@ -14,6 +14,7 @@ import torch
 
 import specmm
 from specmm.bench.fast_path import compiled_parts
+from specmm.core import compiled as compiled_mode
 from specmm.core.compiled import compiled_forward
 from specmm.core.sampling import GREEDY
 from specmm.core.static_cache import StaticRowCache
@@ -117,15 +118,21 @@ def test_a_graph_that_cannot_compile_warns_with_the_reason_and_runs_eager(monkey
     assert compiled_parts(gen) == ["drafter"]  # benchmarks report the target as not compiled
 
 
-def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_tokens():
-    """Hybrid target (tree scan + static attention KV) and a compiled drafter: the rounds after the first trace
-    as one graph (the tree mixers stay installed for the generation, inert outside a tree pass)."""
+def test_a_compiled_draft_and_stree_run_each_round_as_one_graph_with_generates_tokens(monkeypatch):
+    """Hybrid target (tree scan + static attention KV) and a compiled drafter: every round traces as one graph, the
+    first included (its prompt nodes are a tensor, so it has the later rounds' shapes), which is the one graph a
+    greedy generation compiles, even where the rounds before the whole-round graph compile their parts (the library
+    default); the tree mixers stay installed for the generation, inert outside a tree pass."""
+    monkeypatch.setattr(compiled_mode, "COMPILE_FIRST_ROUNDS", True)
     target, draft, ids, mask, reference = greedy_case("bamba")
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=TREES["dynamic"], compile=True)
+    graphs = compiled_mode.graphs_compiled()
     out = gen.generate(ids, mask, max_new_tokens=NEW_TOKENS, pad_token_id=0)
     assert torch.equal(out.sequences[:, ids.shape[1]:], reference) and gen.whole_round
+    assert compiled_mode.graphs_compiled() - graphs == 1
     one = gen.generate(ids[:1], mask[:1], max_new_tokens=NEW_TOKENS, pad_token_id=0)  # batch 1: shapes of its own
     assert torch.equal(one.sequences[:, ids.shape[1]:], reference[:1]) and gen.whole_round
+    assert compiled_mode.graphs_compiled() - graphs == 2
     assert all("forward" not in mixer.__dict__ for mixer in gen.target.mixers.values())  # stock mixers again
     assert torch.equal(target.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                                        pad_token_id=0)[:, ids.shape[1]:], reference)
