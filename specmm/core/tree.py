@@ -28,7 +28,7 @@ class TreeSpec:
     top_k: int = 1
     total_tokens: int = 0
     choices: tuple[tuple[int, ...], ...] = ()
-    _layout: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _layout: tuple[list[int], list[int], list[int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # computed here, not cached on first use: a compiled round traces `static_layout`, and dynamo cannot take
