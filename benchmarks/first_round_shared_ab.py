@@ -1,4 +1,4 @@
-"""A/B of a compiled generation's first round on the zoo `code` pair at batch 1, 128 greedy tokens: through the later
+r"""A/B of a compiled generation's first round on the zoo `code` pair at batch 1, 128 greedy tokens: through the later
 rounds' graph ("shared", `SpeculativeGenerator._uniform_first_round`) against its parts compiled one by one
 ("per_part", the engine before).
 
@@ -10,7 +10,8 @@ rounds' graph ("shared", `SpeculativeGenerator._uniform_first_round`) against it
 Run (after `specmm zoo build code`), one job at a time on an idle machine:
     OMP_NUM_THREADS=2 python benchmarks/first_round_shared_ab.py --warm
     for side in per_part shared; do for tree in chain2 tree; do
-      TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=2 python benchmarks/first_round_shared_ab.py --cold $side $tree
+      TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=2 \
+        python benchmarks/first_round_shared_ab.py --cold $side $tree
     done; done
 
 Result at the commit that added it (idle 2-core CPU, 2026-11-29):

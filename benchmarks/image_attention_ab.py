@@ -5,7 +5,10 @@ Run: `V=base OMP_NUM_THREADS=2 python benchmarks/image_attention_ab.py 24`, then
 327437e, idle 2-core machine): AR / LANTERN ratio 1.258 with SDPA, 1.234 with explicit attention: no gain, so the
 models keep SDPA.
 """
-import os, sys, time, torch
+import os
+import sys
+import time
+import torch
 import torch.nn.functional as F
 from specmm import zoo
 from specmm.zoo import imagegen
@@ -24,18 +27,28 @@ def math_attn(q, k, v, attn_mask=None, is_causal=False):
 if variant == "math":
     G.F = type("Fm", (), {"scaled_dot_product_attention": staticmethod(math_attn), "silu": F.silu})
 m = imagegen.load(zoo.build("imagegen", "cpu"), torch.device("cpu"), torch.float32)
-knobs = dict(window=16, delta=0.2, lam=5.0, lantern_k=32, lantern_pp_k=10, gsd_window=30, gsd_p_gap=0.5, gsd_quantile=0.2)
+knobs = dict(window=16, delta=0.2, lam=5.0, lantern_k=32, lantern_pp_k=10, gsd_window=30, gsd_p_gap=0.5,
+             gsd_quantile=0.2)
 sampling = {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 100, "top_p": 1.0}
-samplers = {meth: make_sampler(m.lg, meth, m.drafter, compile=True, tree=TreeSpec.chain(6) if meth != "ar" else None, **knobs) for meth in ["ar", "lantern"]}
+samplers = {meth: make_sampler(m.lg, meth, m.drafter, compile=True, tree=TreeSpec.chain(6) if meth != "ar" else None,
+                               **knobs)
+            for meth in ["ar", "lantern"]}
 nimg = int(sys.argv[1]) if len(sys.argv) > 1 else 24
 def go(s, c, seed):
     return s.sample(torch.tensor([c]), generator=[torch.Generator().manual_seed(seed)], decode=False, **sampling)
 for name, s in samplers.items():
-    t = time.time(); go(s, 0, 0); print(name, "warm", round(time.time() - t, 1), flush=True)
-tot = {n: 0.0 for n in samplers}; fw = {n: 0 for n in samplers}
+    t = time.time()
+    go(s, 0, 0)
+    print(name, "warm", round(time.time() - t, 1), flush=True)
+tot = {n: 0.0 for n in samplers}
+fw = {n: 0 for n in samplers}
 for rep in range(2):
   for i in range(nimg):
     for name, s in samplers.items():
-        t = time.perf_counter(); r = go(s, i % 10, 1000 + i); tot[name] += time.perf_counter() - t; fw[name] += r.stats.row_forwards
+        t = time.perf_counter()
+        r = go(s, i % 10, 1000 + i)
+        tot[name] += time.perf_counter() - t
+        fw[name] += r.stats.row_forwards
 print(variant, {n: round(tot[n], 3) for n in tot}, "fw", fw, "ratio", round(tot["ar"] / tot["lantern"], 3),
-      "ms/round lantern", round(1000 * tot["lantern"] / fw["lantern"], 3), "ms/step ar", round(1000 * tot["ar"] / fw["ar"], 3))
+      "ms/round lantern", round(1000 * tot["lantern"] / fw["lantern"], 3),
+      "ms/step ar", round(1000 * tot["ar"] / fw["ar"], 3))

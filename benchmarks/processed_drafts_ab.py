@@ -7,7 +7,10 @@ Command: `OMP_NUM_THREADS=1 python benchmarks/processed_drafts_ab.py mamba2` (id
     mamba2 static6 {True: (0.295, 2.49), False: (0.28, 2.37)}
 (seconds, mean accepted): at batch 4 on this CPU the processing costs about what the extra acceptance gains.
 """
-import time, torch, specmm, sys
+import time
+import torch
+import specmm
+import sys
 from specmm import zoo
 from specmm.zoo import ssm_code
 from specmm.ssm import SSMTarget
@@ -21,7 +24,8 @@ batch = tok(prompts[:4], return_tensors="pt", padding=True)
 specs = {"chain2": specmm.TreeSpec.chain(2), "static6": specmm.TreeSpec.static([[0], [1], [0, 0], [0, 1], [0, 0, 0]])}
 def run(spec, processed):
     d = ModelDrafter(draft)
-    if not processed: d.processes_drafts = False
+    if not processed:
+        d.processes_drafts = False
     g = specmm.SpeculativeGenerator(SSMTarget(target, commit_mode="closed_form"), d, tree=spec, compile=True)
     t = time.perf_counter()
     out = g.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=64,
@@ -29,9 +33,13 @@ def run(spec, processed):
     return time.perf_counter() - t, out.stats.mean_accepted
 with torch.no_grad():
     for name, spec in specs.items():
-        for p in (True, False): run(spec, p)  # compile
-        times = {True: [], False: []}; acc = {}
+        for p in (True, False):
+            run(spec, p)  # compile
+        times = {True: [], False: []}
+        acc = {}
         for _ in range(3):
             for p in (True, False):
-                s, a = run(spec, p); times[p].append(s); acc[p] = a
+                s, a = run(spec, p)
+                times[p].append(s)
+                acc[p] = a
         print(role, name, {p: (round(min(times[p]), 3), round(acc[p], 2)) for p in times}, flush=True)

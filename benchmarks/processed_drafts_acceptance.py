@@ -10,14 +10,17 @@ idle 2-core machine, at 82b1d25):
     code chain4 processed 1.79 unprocessed 1.73
     code tree(4,2,10) processed 2.12 unprocessed 2.07
 """
-import torch, specmm
+import torch
+import specmm
 from specmm import zoo
 from specmm.zoo import code, code_drafts
 from specmm.drafters import ModelDrafter
-m = code.load(zoo.path("code", "cpu")); tok = m.tokenizer
+m = code.load(zoo.path("code", "cpu"))
+tok = m.tokenizer
 path = zoo.path("code-drafts", "cpu")
-eagle = code_drafts.load(path, "eagle", m.target); dist = code_drafts.load(path, "distilled", m.target)
-from specmm.core.eagle import EagleDrafter
+eagle = code_drafts.load(path, "eagle", m.target)
+dist = code_drafts.load(path, "distilled", m.target)
+from specmm.core.eagle import EagleDrafter  # noqa: E402
 makers = {"eagle": lambda: EagleDrafter(eagle.head, m.target), "distilled": lambda: ModelDrafter(dist),
           "code": lambda: ModelDrafter(m.draft)}
 m.target.generation_config.no_repeat_ngram_size = 4
@@ -31,7 +34,8 @@ with torch.no_grad():
                 for p in m.prompts[:8]:
                     ids = tok([p], return_tensors="pt")
                     d = make()
-                    if not processed: d.processes_drafts = False
+                    if not processed:
+                        d.processes_drafts = False
                     out = specmm.SpeculativeGenerator(m.target, d, tree=spec).generate(
                         ids.input_ids, attention_mask=ids.attention_mask, max_new_tokens=128,
                         pad_token_id=tok.pad_token_id)

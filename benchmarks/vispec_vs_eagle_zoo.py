@@ -1,7 +1,8 @@
 """Can the zoo's ViSpec drafter accept more tokens than its EAGLE drafter? Recipe variants, trained and measured.
 
 Run: `OMP_NUM_THREADS=2 python benchmarks/vispec_vs_eagle_zoo.py --work W [--scale cpu-long] [--variants ...]`
-(after `specmm zoo build captioner-drafters --scale cpu`, or `cpu-long`: the captioner with 144 image tokens). Each variant is the `captioner-drafters` cpu recipe restricted to one method
+(after `specmm zoo build captioner-drafters --scale cpu`, or `cpu-long`: the captioner with 144 image tokens). Each
+variant is the `captioner-drafters` cpu recipe restricted to one method
 (`captioner_drafters.only`, seeded as in the full entry) with the variant's changes, built into W/<variant>
 (skipped when already there). Every drafter, the zoo entry's own included, then drafts greedy chains of length
 k over the first `--scenes` held-out scenes (batch 8, 160 new tokens, eager: acceptance does not depend on the

@@ -32,14 +32,17 @@ def measure(label, method):
     times, faults = [], []
     for _ in range(3):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t = time.perf_counter(); run(method, chain); times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        run(method, chain)
+        times.append(time.perf_counter() - t)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     print(f"{label} {method}: min {min(times):.3f} median {statistics.median(times):.3f} s, minor faults {faults}",
           flush=True)
 
 order = sys.argv[1].split(",")
 with torch.no_grad():
-    run(order[0], chain); run(order[0], chain)
+    run(order[0], chain)
+    run(order[0], chain)
     for m in order:
         if m != order[0]:
             run(m, chain)

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import specmm
+from specmm.bench.report import TINY_WARNING
 from specmm.vlm import SpeculativeVLM, VisionDrafter, caption_images, find_images
 
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     if args.tiny:
         target, processor = tiny_captioner(Path(args.images))
     else:

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import specmm
+from specmm.bench.report import TINY_WARNING
 from specmm.drafters import EagleDrafter
 
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     target = tiny_llama() if args.tiny else AutoModelForCausalLM.from_pretrained(args.target).eval()
     head = EagleDrafter.from_pretrained(args.eagle, target) if args.eagle else EagleDrafter.for_target(target)
     gen = specmm.SpeculativeGenerator(target, head, tree=specmm.TreeSpec.dynamic(depth=4, top_k=4, total_tokens=16))

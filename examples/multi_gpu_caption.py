@@ -17,6 +17,7 @@ from accelerate import PartialState
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import specmm
+from specmm.bench.report import TINY_WARNING
 from specmm.vlm import SpeculativeVLM, VisionDrafter, caption_images, find_images
 
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     state = PartialState(cpu=not torch.cuda.is_available())  # its device: this process's GPU
     if args.tiny:
         target, processor = tiny_captioner(Path(args.images))

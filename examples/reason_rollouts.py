@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from specmm import SamplingConfig
 from specmm.reasoning import DRAFT, JudgeTemplate, SpecReason, StepSpeculator
 from specmm.reasoning.trl import grpo_rollout_func
+from specmm.bench.report import TINY_WARNING
 
 
 def tiny_setup():
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threshold", type=float, default=7.0, help="judge score (0-9) that keeps a draft step")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     if args.tiny:
         target, draft, tokenizer, delimiter, judge, prompts = tiny_setup()
     else:

@@ -1,7 +1,8 @@
-"""Class-conditional image sampling from a LlamaGen checkpoint with Jacobi drafts and GSD acceptance (lossy, fast)
+r"""Class-conditional image sampling from a LlamaGen checkpoint with Jacobi drafts and GSD acceptance (lossy, fast)
 or exact acceptance; `--acceptance exact --temperature 0` gives plain greedy decoding's tokens.
 
-    python examples/sample_images.py --gpt c2i_B_256.pt --gpt-config GPT-B --vq vq_ds16_c2i.pt --classes 207 360 --out samples/
+    python examples/sample_images.py --gpt c2i_B_256.pt --gpt-config GPT-B --vq vq_ds16_c2i.pt \
+        --classes 207 360 --out samples/
     python examples/sample_images.py --tiny --out /tmp/samples
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specmm.image_ar import GSD, ImageSampler, LlamaGen
+from specmm.bench.report import TINY_WARNING
 
 
 def tiny_llamagen() -> LlamaGen:
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     lg = tiny_llamagen() if args.tiny else LlamaGen.from_checkpoint(args.gpt, args.vq, args.gpt_config).eval()
     rule = GSD() if args.acceptance == "gsd" else "exact"
     sampler = ImageSampler(lg, proposer="jacobi", acceptance=rule, window=8 if args.tiny else 16)

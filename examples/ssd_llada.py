@@ -12,6 +12,7 @@ import argparse
 import torch
 
 from specmm.diffusion_lm import LLaDAConfig, MaskedDiffusionLM, generate
+from specmm.bench.report import TINY_WARNING
 
 
 def tiny_llada() -> MaskedDiffusionLM:
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--gen-length", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     model = tiny_llada() if args.tiny else MaskedDiffusionLM.from_pretrained(args.model).eval()
     prompt = torch.tensor([[5, 9, 13, 2, 7, 21], [11, 3, 8, 30, 6, 17]])
     blocks = dict(gen_length=args.gen_length, block_length=args.gen_length // 2)

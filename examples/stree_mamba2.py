@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
 import specmm
+from specmm.bench.report import TINY_WARNING
 from specmm.drafters import ModelDrafter
 
 
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     if args.tiny:
         target, draft = tiny_models()
     else:

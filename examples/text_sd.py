@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import specmm
+from specmm.bench.report import TINY_WARNING
 from specmm.drafters import ModelDrafter
 
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="tiny random models instead of --target/--draft")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
+    if args.tiny:
+        print(TINY_WARNING)  # the same banner as every tiny-scale report
     if args.tiny:
         target, draft = tiny_llama(0, 2), tiny_llama(1, 1)
     else:

@@ -36,6 +36,7 @@ from specmm import zoo
 from specmm.bench.core import CoreBenchSetup, bench_core
 from specmm.bench.harness import BenchReport, BenchRow
 from specmm.bench.inputs import from_zoo
+from specmm.bench.report import TINY_WARNING
 from specmm.core.context import context_limit
 from specmm.core.tree import TreeSpec
 from specmm.jobs import OutputLock, atomic_write_text
@@ -189,21 +190,30 @@ SECTIONS: list[DemoSection] = [
 ]
 
 
+def demo_command(scale: str) -> str:
+    """How to run this demo again at `scale` (the default scale needs no flag)."""
+    return "specmm demo" if scale == "cpu" else f"specmm demo --scale {scale}"
+
+
 def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: str = "cpu",
              build_all: bool = False) -> list[BenchReport]:
     """Run the headline and every section whose zoo entries are built (all of them with `build_all`); the report
     at `out` is rewritten after each section. Raises DemoFailed (after writing the report) if a section failed."""
     path = Path(out)
     results, skipped, failures = [], [], []
+    if scale == "tiny":
+        print(TINY_WARNING)
     with OutputLock(path.with_name(f".{path.name}.lock"), "--out", path):
         sections = [HEADLINE, *SECTIONS]
         for number, section in enumerate(sections):
             missing = [name for name in section.needs if not zoo.is_built(name, scale)]
             if missing and section is not HEADLINE and not build_all:
                 skipped.append((section, missing))
-                print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built "
-                      f"(about {section.cpu_build_minutes} min once on 2 CPU cores): run `specmm demo --all` or "
-                      + " && ".join(f"`specmm zoo build {name}`" for name in missing))
+                cost = ("seconds" if scale == "tiny" else f"about {section.cpu_build_minutes} min once on 2 CPU cores"
+                        if scale == "cpu" else "once")
+                print(f"specmm demo: skipping '{section.title}': zoo entries {', '.join(missing)} are not built at "
+                      f"--scale {scale} ({cost}): run `{demo_command(scale)} --all` or "
+                      + " && ".join(f"`specmm zoo build {name} --scale {scale}`" for name in missing))
             else:
                 if missing:
                     print(f"specmm demo: training zoo entries {', '.join(missing)} (scale {scale}) for "
@@ -227,7 +237,8 @@ def run_demo(scale: str = "cpu", out: str | Path = "demo_report.html", device: s
                     if summary:
                         print(summary)
                     results.append((section, report, body))
-            atomic_write_text(path, _html(results, skipped, pending=[s.title for s in sections[number + 1:]]))
+            atomic_write_text(path, _html(results, skipped, pending=[s.title for s in sections[number + 1:]],
+                                           scale=scale))
     print(f"wrote {path.resolve()}")
     reports = [report for _, report, _ in results if report is not None]
     if failures:
@@ -278,20 +289,23 @@ def table_html(report: BenchReport) -> str:
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
 
-def _html(results: list, skipped: list, pending: list[str] = ()) -> str:
+def _html(results: list, skipped: list, pending: list[str] = (), scale: str = "cpu") -> str:
     sections = "".join(f"<h2>{html.escape(s.title)}</h2>"
                        + (f"<p>command <code>{html.escape(r.command)}</code></p>" if r is not None else "") + body
                        for s, r, body in results)
     skips = "".join(f"<li>{html.escape(s.title)}: needs <code>{html.escape(', '.join(m))}</code> "
-                    f"(<code>specmm demo --all</code>)</li>" for s, m in skipped)
+                    f"(<code>{html.escape(demo_command(scale))} --all</code>)</li>" for s, m in skipped)
     waiting = "".join(f"<li>{html.escape(title)}</li>" for title in pending)
     setup = "".join(f"<li>{html.escape(s.title)}: " + html.escape(", ".join(f"{k}={v}" for k, v in r.setup.items()))
                     + "</li>" for s, r, _ in results if r is not None)
     notes = "".join(f"<li>{html.escape(n)}</li>" for _, r, _ in results if r is not None for n in r.notes)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>specmm demo</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} .error{{color:#a00}}
-td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}} pre{{margin:0;white-space:pre-wrap;max-width:40em}}</style>
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
+pre{{margin:0;white-space:pre-wrap;max-width:40em}}</style>
 </head><body><h1>specmm demo</h1><p>{html.escape(time.strftime('%Y-%m-%d %H:%M'))}</p>
-{sections}{f'<h2>Still running</h2><ul>{waiting}</ul>' if waiting else ''}{f'<h2>Skipped</h2><ul>{skips}</ul>' if skips else ''}
+{f'<p class="error"><b>{html.escape(TINY_WARNING)}</b></p>' if scale == "tiny" else ''}
+{sections}{f'<h2>Still running</h2><ul>{waiting}</ul>' if waiting else ''}
+{f'<h2>Skipped</h2><ul>{skips}</ul>' if skips else ''}
 <h2>Setup</h2><ul>{setup}</ul><h2>Notes</h2><ul>{notes}</ul></body></html>
 """

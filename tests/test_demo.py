@@ -36,7 +36,8 @@ def test_a_failing_section_becomes_an_error_block_and_the_other_sections_still_r
 
     def ok(title):
         def run(scale, device):
-            return BenchReport(name=title, command="specmm demo", rows=[], setup={"scale": scale}), f"<p>{title} ran</p>"
+            return (BenchReport(name=title, command="specmm demo", rows=[], setup={"scale": scale}),
+                    f"<p>{title} ran</p>")
         return run
 
     def crashes(scale, device):

@@ -1,6 +1,8 @@
-"""Dependencies flow one way (DESIGN.md): core imports no other specmm package but the leaf `specmm.jobs`, each
-modality package imports only `specmm.core`, `specmm.jobs` and itself, and nothing below the CLI imports it. Checked on the source of every module under
-`specmm/` with `ast`, function-level imports and `importlib.import_module("...")` literals included."""
+"""Dependencies flow one way (docs/architecture.md): core imports no other specmm package but the leaf
+`specmm.jobs`, each modality package imports only `specmm.core`, `specmm.jobs` and itself, and nothing below the
+CLI imports it.
+Checked on the source of every module under `specmm/` with `ast`, function-level imports and
+`importlib.import_module("...")` literals included."""
 
 from __future__ import annotations
 

@@ -179,7 +179,8 @@ def bench_image_ar(args) -> int:
     methods = args.methods.split(",") if args.methods else list(METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or methods[0] != "ar":
-        raise ValueError(f"--methods: comma-separated, starting with ar, from {', '.join(METHODS)}; got {args.methods!r}")
+        raise ValueError(f"--methods: comma-separated, starting with ar, from {', '.join(METHODS)}; "
+                         f"got {args.methods!r}")
     device = torch.device(args.device)
     variants = [(m, False) for m in methods] + ([(m, True) for m in methods] if args.compile else [])
     models = imagegen.load(zoo.build("imagegen", args.scale), device, args.dtype)
@@ -239,7 +240,8 @@ def bench_image_ar(args) -> int:
                 split = _round_split(sampler, classes, batch_size, sampling, device) if args.compile else {}
                 feats, logits = judge(run["images"])
                 base_seconds = base_seconds or run["seconds"]
-                kid_mean, kid_std = kid(feats, ref_feats, subsets=50, subset_size=max(2, min(50, 2 * len(classes) // 3)))
+                kid_mean, kid_std = kid(feats, ref_feats, subsets=50,
+                                        subset_size=max(2, min(50, 2 * len(classes) // 3)))
                 matched = None
                 if method in LOSSLESS:  # greedy check on one batch: identical tokens to greedy AR
                     greedy = {**sampling, "temperature": 0.0}
@@ -251,7 +253,8 @@ def bench_image_ar(args) -> int:
                     method=key, tokens_per_s=tokens / run["seconds"],
                     speedup=base_seconds / run["seconds"], mean_accepted=run["compression"], matched=matched,
                     new_tokens=tokens, median_s=run["seconds"], baseline=method == "ar",
-                    compiled=compiled and not compile_failures(lg.gpt, drafter and drafter.head), compile_s=warm.seconds,
+                    compiled=compiled and not compile_failures(lg.gpt, drafter and drafter.head),
+                    compile_s=warm.seconds,
                     timed_compiles=timed[key].events, round_ms=split,
                     extra={"FID": f"{fid(feats, ref_feats):.2f}", "KID": f"{kid_mean:.4f} ± {kid_std:.4f}",
                            "class acc": f"{accuracy(logits, labels):.2f}",

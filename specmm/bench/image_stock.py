@@ -46,7 +46,8 @@ def bench_stock_images(args) -> int:
     methods = args.methods.split(",") if args.methods else list(STOCK_METHODS)
     unknown = [m for m in methods if m not in STOCK_METHODS]
     if unknown:
-        raise ValueError(f"--methods: with --model, comma-separated from {', '.join(STOCK_METHODS)}; got {args.methods!r}")
+        raise ValueError(f"--methods: with --model, comma-separated from {', '.join(STOCK_METHODS)}; "
+                         f"got {args.methods!r}")
     prompts = DEFAULT_PROMPTS
     if args.prompts:
         prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -59,6 +60,9 @@ def bench_stock_images(args) -> int:
     if not callable(getattr(image, "hf_generate", None)):
         raise ValueError(f"--model: the {type(image).__name__} adapter has no hf_generate (the HF generate call it "
                          "reproduces), so there is no reference row to bench against")
+    problem = image.hf_generate_problem() if callable(getattr(image, "hf_generate_problem", None)) else None
+    if problem:
+        raise ValueError(f"--model: {problem}")
     knobs = {"window": args.window, "gsd_window": args.gsd_window, "gsd_p_gap": args.gsd_gap,
              "gsd_quantile": args.gsd_quantile}
     stem = args.name or f"image_ar-{type(model).__name__}-{device.type}"

@@ -334,7 +334,8 @@ def report_for(results: list[MethodResult], batch: int, setup, command: str, des
     problems = setup.problems.get(batch, 2 * batch)
     notes = [
         ("speedup = first row's wall time / the method's, on the same problems; 'speedup vs best AR' is over the "
-         "fastest target-only row (lockstep batches, asynchronous with refill, or HF generate). Wall time is measured per round "
+         "fastest target-only row (lockstep batches, asynchronous with refill, or HF generate). "
+         "Wall time is measured per round "
          f"of {setup.round_batches} batches (device-synchronised, after a warm-up batch of every method; methods "
          "interleaved round by round, random controls in a second interleaved pass); 'median s' holds the mean "
          "wall time per round."),

@@ -11,6 +11,7 @@ tokens the round's overheads eat.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,6 +70,17 @@ def compare_with_best_ar(rows: list[BenchRow]) -> BenchRow | None:
     return best
 
 
+TINY_WARNING = ("TINY SCALE: a machinery check (models of a few thousand parameters, a few training steps, a few "
+                "tokens). Every figure below is meaningless as a measure of speed or quality.")
+
+
+def is_tiny(command: str, setup: dict) -> bool:
+    """Whether a report ran on tiny-scale models: `--scale tiny` in its command, or a tiny zoo build in its setup."""
+    if re.search(r"--scale[ =]tiny\b", command) or setup.get("scale") == "tiny":
+        return True
+    return any(isinstance(v, str) and re.search(r"-tiny\b|\(tiny\)", v) for v in setup.values())
+
+
 @dataclass
 class BenchReport:
     name: str
@@ -80,7 +92,16 @@ class BenchReport:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
     partial: str = ""  # what has not run yet, for a report written while the benchmark runs ("" once it is whole)
 
+    @property
+    def tiny(self) -> bool:
+        return is_tiny(self.command, self.setup)
+
     def table(self) -> str:
+        """The rows as a markdown table, under the TINY SCALE banner when the models were tiny."""
+        banner = f"**{TINY_WARNING}**\n\n" if self.tiny else ""
+        return banner + self._rows_table()
+
+    def _rows_table(self) -> str:
         rows = self.rows
         best_ar = any(r.speedup_vs_best_ar is not None for r in rows)
         compiled = any(r.compiled or r.compile_s > 0 for r in rows)
@@ -123,8 +144,9 @@ class BenchReport:
                          f"('{best}'). overhead eff. = speedup vs best AR / mean accepted (1.00: a round "
                          "costs one plain decoding step).")
         if any(r.compiled or r.compile_s > 0 for r in rows):
-            parts.append("compile s: seconds `torch.compile` spent in the warm-up runs (dynamo and inductor, CUDA-graph "
-                         "recordings); the timed runs reuse the compiled shapes, so no timed figure includes it. specmm "
+            parts.append("compile s: seconds `torch.compile` spent in the warm-up runs (dynamo and inductor, "
+                         "CUDA-graph recordings); the timed runs reuse the compiled shapes, so no timed figure "
+                         "includes it. specmm "
                          "shares a model's compiled forward between rows, so a row whose shapes an earlier row "
                          "compiled shows less.")
         if any(r.round_ms for r in rows):
@@ -134,7 +156,8 @@ class BenchReport:
                          "their profiled run takes each part as its own compiled call (after a run that compiles "
                          "those), so its split describes that slower per-part round.")
         if any(r.differing_rows for r in rows):
-            parts.append("ties (n): outputs differ from the first row's, but each of the n differing rows first parts at "
+            parts.append("ties (n): outputs differ from the first row's, but each of the n differing rows first parts "
+                         "at "
                          "a near-tie of the target (its two tokens' logits, from one forward over the common prefix in "
                          "the target's dtype, within the rounding of that precision; `specmm.bench.ties`): both are "
                          "the target's greedy text under a rounding of the low-precision sums. NO: some row parts "
@@ -174,4 +197,4 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-__all__ = ["BenchReport", "BenchRow", "PHASE_LABELS", "compare_with_best_ar"]
+__all__ = ["BenchReport", "BenchRow", "PHASE_LABELS", "TINY_WARNING", "compare_with_best_ar", "is_tiny"]

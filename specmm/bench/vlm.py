@@ -60,9 +60,11 @@ class VLMBenchSetup:
 def vlm_methods(models, drafters: dict, enc: dict, setup: VLMBenchSetup, temperature: float) -> list[Method]:
     """Methods over one batch of processor outputs `enc` (left padded)."""
     target, draft, tokenizer = models.target, models.draft, models.processor.tokenizer
-    width, eos, pad, new = enc["input_ids"].shape[1], tokenizer.eos_token_id, tokenizer.pad_token_id, setup.max_new_tokens
+    width, eos, pad, new = (enc["input_ids"].shape[1], tokenizer.eos_token_id, tokenizer.pad_token_id,
+                            setup.max_new_tokens)
     sampled = temperature > 0
-    hf_sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
+    hf_sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sampled
+                   else dict(do_sample=False))
     sampling = specmm.SamplingConfig(temperature=temperature)
     batch = enc["input_ids"].shape[0]
 
@@ -146,7 +148,8 @@ def scene_batch(models, seeds: list[int]) -> dict:
     images = scene_images(models, seeds)
     models.processor.tokenizer.padding_side = "left"
     enc = models.processor(images=images, text=[captioner.PROMPT] * len(seeds), return_tensors="pt", padding=True)
-    return {k: v.to(models.target.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "pixel_values")}
+    return {k: v.to(models.target.device) for k, v in enc.items()
+            if k in ("input_ids", "attention_mask", "pixel_values")}
 
 
 def bench_vlm(models, drafters: dict, setup: VLMBenchSetup, *, command: str, description: dict,
@@ -168,11 +171,12 @@ def bench_vlm(models, drafters: dict, setup: VLMBenchSetup, *, command: str, des
                     if temperature > 0:
                         for row in rows[1:]:
                             row.matched = None  # sampled: identical outputs are not expected
-                    info = {"temperature": temperature, "batch": batch, "scenes": len(seeds),
+                    info = {"temperature": temperature, "batch": min(batch, len(seeds)), "scenes": len(seeds),
                             "max_new_tokens": setup.max_new_tokens,
                             "trees": ", ".join(_describe(t) for t in setup.tree_specs().values()),
                             "specmm modes": ", ".join(setup.modes), "timing": timing_note(setup), **description}
-                    return BenchReport(name=f"specmm bench vlm: T={temperature:g}, batch {batch}", command=command,
+                    return BenchReport(name=f"specmm bench vlm: T={temperature:g}, batch {min(batch, len(seeds))}",
+                                       command=command,
                                        rows=rows, setup=info, machine=machine_info(models.target.device),
                                        notes=_notes(temperature, setup), partial=partial)
 

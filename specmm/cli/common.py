@@ -107,18 +107,55 @@ def device_arg(text: str) -> str:
     return text
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hugging Face Hub spells a repository
+
+
 def model_folder(argument: str, path: str | None, needs: str = "config.json") -> Path | None:
-    """Check before loading that `path` (the value of `argument`) is a local folder holding `needs`."""
+    """The local folder of the model `path` names (the value of `argument`), checked before loading to hold
+    `needs`. `path` is a local folder, or a Hugging Face Hub id (`owner/name`, as `from_pretrained` takes), which is
+    fetched into the Hub's cache (or found there offline) and answered by its local snapshot."""
     if path is None:
         return None
     folder = Path(path)
+    if not folder.exists() and HUB_ID.match(str(path)):
+        folder = hub_snapshot(argument, str(path))
     if not folder.exists():
-        raise FileNotFoundError(f"{argument}: {path} does not exist (expected a local model folder)")
+        raise FileNotFoundError(f"{argument}: {path} does not exist (expected a local model folder or a Hugging Face "
+                                "Hub id such as owner/name)")
     if not folder.is_dir():
         raise ValueError(f"{argument}: {path} is a file, expected a local model folder with {needs}")
     if needs and not (folder / needs).is_file():
         raise FileNotFoundError(f"{argument}: no {needs} in {path} (expected a saved model folder)")
     return folder
+
+
+def local_path(folder: Path | None) -> str | None:
+    """`model_folder`'s answer as the string an argument holds (None stays None)."""
+    return None if folder is None else str(folder)
+
+
+HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "tokenizer*", "*.safetensors"]
+
+
+def hub_snapshot(argument: str, repo_id: str) -> Path:
+    """A local snapshot of the Hub repository `repo_id`: its configs, tokenizer and processor files and
+    safetensors weights (pickled `.bin` weights only where it has no safetensors). Offline (no network, or
+    HF_HUB_OFFLINE=1) the Hub cache answers; a repository in neither is refused naming `argument`."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    try:
+        files = HfApi().list_repo_files(repo_id)
+        patterns = HUB_FILES if any(f.endswith(".safetensors") for f in files) else [*HUB_FILES[:-1], "*.bin"]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as online:  # noqa: BLE001 - offline, unknown or gated: the local cache may still hold it
+        try:
+            return Path(snapshot_download(repo_id, local_files_only=True))
+        except Exception:  # noqa: BLE001
+            reason = " ".join(str(online).split())[:300] or type(online).__name__
+            raise ValueError(f"{argument}: {repo_id} is not a local folder, and the Hugging Face Hub could not give "
+                             f"it ({type(online).__name__}: {reason}); it is not in the local Hub cache either. "
+                             f"Fetch it where there is a network (`hf download {repo_id}`) or pass a local folder"
+                             ) from None
 
 
 def input_file(argument: str, path: str) -> Path:
@@ -163,8 +200,10 @@ def read_text(argument: str, path: str) -> str:
     try:
         return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{argument}: {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it, e.g. "
-                         f"`iconv -t UTF-8 {shlex.quote(str(path))}`") from None
+        quoted = shlex.quote(str(path))
+        raise ValueError(f"{argument}: {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it from its "
+                         f"encoding, e.g. `iconv -f LATIN1 -t UTF-8 {quoted} > {shlex.quote(str(path) + '.utf8')}`, "
+                         "and pass the new file") from None
 
 
 def read_text_lines(argument: str, path: str) -> list[str]:
@@ -215,12 +254,84 @@ def set_types(parser: argparse.ArgumentParser, types: dict) -> None:
             action.type = types[action.dest]
 
 
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """`--resume` / `--force` of a training job, whose folder --out keeps checkpoints: a rerun of the same job goes
+    on from its last checkpoint with or without --resume (which only says so); --force starts over."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true",
+                       help="go on from the last checkpoint in --out (a rerun of the same job does so anyway)")
+    group.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+
+
+# help of the options many subcommands share, by dest (an option's own help wins)
+SHARED_HELP = {
+    "device": "torch device: cpu, cuda, cuda:N or mps",
+    "dtype": "weights dtype: float32, float16 or bfloat16",
+    "out": "output folder or file",
+    "batch_size": "rows per batch",
+    "max_new_tokens": "new tokens per row at most",
+    "repeats": "timed repeats per row of the report (the minimum is reported)",
+    "warmup": "untimed warm-up runs before the timed ones",
+    "seed": "random seed",
+    "temperature": "sampling temperature (0 is greedy)",
+    "top_p": "nucleus sampling mass (1 disables top-p)",
+    "top_k": "top-k sampling (0 disables top-k)",
+    "lr": "learning rate",
+    "steps": "training steps",
+    "checkpoint_every": "steps between checkpoints",
+    "name": "report file stem",
+    "scenes": "zoo scenes to run",
+    "method": "method to run",
+    "batch_sizes": "batch sizes to run, one table each",
+    "temperatures": "sampling temperatures to run (0 is greedy)",
+    "targets": "targets to run",
+    "cfg_scale": "classifier-free guidance scale (>= 1)",
+    "window": "SJD / Jacobi window: image tokens drafted per round",
+    "delta": "LANTERN's total-variation budget per token",
+    "lam": "LANTERN++ / GSD relaxation strength",
+    "lantern_k": "LANTERN's latent neighbourhood size",
+    "lantern_pp_k": "LANTERN++'s neighbourhood size",
+    "gsd_window": "GSD's grouped window",
+    "images": "images to sample",
+    "prompts": "prompts to run",
+    "gen_length": "tokens generated per prompt",
+    "block_length": "tokens per semi-autoregressive block",
+    "draft_size": "tokens the drafter proposes per round",
+    "tree_width": "candidates per drafted position",
+    "specreason_thresholds": "SpecReason acceptance thresholds (judge score 0-9) to sweep",
+    "arbitrage_thresholds": "Arbitrage router thresholds to sweep",
+    "text_steps": "steps of the text-only stage",
+    "multimodal_steps": "steps of the image-caption stage",
+    "seq_len": "tokens per training window",
+    "per_class": "images per class",
+    "policy": "step policy: who writes each reasoning step",
+    "max_step_tokens": "tokens per reasoning step at most",
+}
+
+
+# every scale a zoo entry has (a test keeps it equal to the zoo's recipes); an entry without one says so
+ZOO_SCALES = ("tiny", "cpu", "gpu", "cpu-long", "cpu-deep")
+
+
+SCALE_HELP = ("zoo scale: tiny builds in seconds (figures meaningless: a pipeline check), cpu trains for minutes "
+              "the first time, gpu is for a GPU, cpu-long/cpu-deep are longer CPU recipes of some entries")
+
+
+def scale_argument(parser: argparse.ArgumentParser, default: str = "cpu", help: str = "") -> None:
+    """`--scale`: which build of the zoo models to use (or build on first use), with its choices and costs."""
+    parser.add_argument("--scale", default=default, choices=ZOO_SCALES,
+                        help=f"{help}; {SCALE_HELP}" if help else SCALE_HELP)
+
+
 def mkdir(path: str) -> Path:
     Path(path).mkdir(parents=True, exist_ok=True)
     return Path(path)
 
 
-__all__ = ["DRAFT_DEFAULTS", "command_line", "default_device", "device_arg", "dtype_arg", "dynamic_tree",
-           "fill_draft_defaults", "finite_float", "float_range", "input_file", "int_range", "loading", "mkdir",
-           "model_folder", "nonnegative_int", "positive_int", "probability", "read_text_lines", "report_lock",
-           "set_types", "temperature_arg"]
+__all__ = [
+    "DRAFT_DEFAULTS", "HUB_ID", "SCALE_HELP", "SHARED_HELP", "ZOO_SCALES", "add_job_options", "command_line",
+    "default_device", "device_arg", "dtype_arg", "dynamic_tree", "fill_draft_defaults", "finite_float",
+    "float_range", "hub_snapshot", "input_file", "int_range", "loading", "local_path", "mkdir", "model_folder",
+    "nonnegative_int", "positive_int", "probability", "read_text_lines", "report_lock", "scale_argument",
+    "set_types", "temperature_arg",
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specmm.cli.common import float_range, loading, model_folder, nonnegative_int, positive_int
+from specmm.cli.common import float_range, loading, model_folder, nonnegative_int, positive_int, local_path
 from specmm.cli.images import (
     ImagesBar,
     add_job_arguments,
@@ -38,9 +38,9 @@ def cmd_sample_continuous(args) -> int:
 
     out = check_output_path(args.out, "--out", folder=True)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
-    model_folder("--target", args.target)
-    model_folder("--vae", args.vae)
-    model_folder("--draft", args.draft)
+    args.target = local_path(model_folder("--target", args.target))
+    args.vae = local_path(model_folder("--vae", args.vae))
+    args.draft = local_path(model_folder("--draft", args.draft))
     with loading("--target", args.target):
         target = ContinuousAR.from_pretrained(args.target, device)
     classes = parse_classes(args.classes, target.config.num_classes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specmm.cli.common import default_device
+from specmm.cli.common import default_device, scale_argument
 
 
 def cmd_demo(args) -> int:
@@ -14,7 +14,7 @@ def cmd_demo(args) -> int:
 
 def add_parser(sub) -> None:
     demo = sub.add_parser("demo", help="build the reference models if needed and run the main job side by side")
-    demo.add_argument("--scale", default="cpu")
+    scale_argument(demo)
     demo.add_argument("--all", action="store_true",
                       help="also build (once) and run every section whose zoo entries are not built yet")
     demo.add_argument("--device", default=default_device())

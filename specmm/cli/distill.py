@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from specmm.cli.common import (
+    local_path,
+    add_job_options,
     default_device,
     device_arg,
     dtype_arg,
@@ -31,6 +33,22 @@ def read_token_stream(paths, tokenizer) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def check_vocabularies(target: str, draft: str) -> None:
+    """Refuse, from the two configs alone (before any weights load), a draft whose vocabulary is not the target's:
+    its embedding could not even read the target's token ids."""
+    from transformers import AutoConfig
+
+    sizes = {}
+    for argument, folder in (("--target", target), ("--draft", draft)):
+        with loading(argument, folder, "config"):
+            config = AutoConfig.from_pretrained(folder)
+        sizes[argument] = getattr(config.get_text_config(), "vocab_size", None)
+    if None not in sizes.values() and sizes["--target"] != sizes["--draft"]:
+        raise ValueError(f"--draft: {draft} has a vocabulary of {sizes['--draft']} tokens, the target's has "
+                         f"{sizes['--target']}; distillation needs a draft with the target's vocabulary (e.g. a "
+                         "smaller model of the same family)")
+
+
 def cmd_distill_draft(args) -> int:
     """Distil --target into --draft on windows of --text; the folder --out is a job (rerun to resume)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -38,10 +56,11 @@ def cmd_distill_draft(args) -> int:
     from specmm.core.draft_distill import DistillConfig, distill_draft, heldout_comparison, text_windows
     from specmm.jobs import Job, atomic_write_json, fingerprint
 
-    model_folder("--target", args.target)
-    model_folder("--draft", args.draft)
+    args.target = local_path(model_folder("--target", args.target))
+    args.draft = local_path(model_folder("--draft", args.draft))
     for path in args.text:
         input_file("--text", path)
+    check_vocabularies(args.target, args.draft)
     config = DistillConfig(steps=args.steps, lr=args.lr, temperature=args.temperature,
                            checkpoint_every=args.checkpoint_every, warmup_steps=min(20, args.steps))
     settings = {"target": fingerprint(args.target), "draft": fingerprint(args.draft),
@@ -51,6 +70,10 @@ def cmd_distill_draft(args) -> int:
     with loading("--target", args.target, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(args.target)
     tokens = read_token_stream(args.text, tokenizer)  # the data is checked before any model loads
+    if tokens.numel() * (1 - args.heldout_share) <= args.seq_len + 1:
+        raise ValueError(f"--text: the files hold {tokens.numel()} tokens, too few for windows of --seq-len "
+                         f"{args.seq_len} (training needs more than {args.seq_len + 1} after the held-out share); "
+                         "give more text or a lower --seq-len")
     split = int(tokens.numel() * (1 - args.heldout_share))
     train, heldout = tokens[:split], tokens[split:]
     windows = text_windows(train, args.batch_size, args.seq_len, args.seed)  # refuses a stream too short
@@ -101,7 +124,7 @@ def add_parser(sub) -> None:
                    help="share of the tokens (at the end) kept out of training to report agreement on")
     p.add_argument("--checkpoint-every", type=positive_int, default=100)
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the training windows")
-    p.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    add_job_options(p)
     p.add_argument("--device", type=device_arg, default=default_device())
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     p.set_defaults(func=cmd_distill_draft)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specmm.cli.common import (
+    add_job_options,
     default_device,
     device_arg,
     dtype_arg,
@@ -114,7 +115,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=nonnegative_int, default=0, help="0 disables top-k")
     p.add_argument("--top-p", type=probability, default=1.0)
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the images, the head and the batches")
-    p.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    add_job_options(p)
     p.add_argument("--device", type=device_arg, default=default_device())
     p.add_argument("--dtype", type=dtype_arg, default=torch.float32,
                    help="weights dtype (LlamaGen: the GPT's, its VQ decoder stays float32)")

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specmm.cli.common import (
+    local_path,
     default_device,
     device_arg,
     dtype_arg,
@@ -119,6 +120,9 @@ def cmd_sample_images(args) -> int:
     stock = check_source(args)
     if args.method in NEEDS_DRAFTER and not args.drafter:
         raise ValueError(f"--drafter: method {args.method!r} needs a trained image drafter (--drafter DIR)")
+    if args.drafter:
+        args.drafter = local_path(model_folder("--drafter", args.drafter, needs=""))
+        ImageDrafter.read_config(args.drafter)  # a folder of another kind is refused before any model loads
     model, labels, conditions, settings = (load_stock(args, device) if stock else load_llamagen(args, device))
     drafter = None
     if args.drafter:

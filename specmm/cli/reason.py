@@ -8,6 +8,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specmm.cli.common import (
+    local_path,
+    scale_argument,
     command_line,
     default_device,
     device_arg,
@@ -40,10 +42,14 @@ def add_parsers(sub, bench_sub) -> None:
     reason.add_argument("--policy", choices=POLICIES, default="specreason")
     reason.add_argument("--threshold", type=finite_float,
                         help="SpecReason score (0-9), Arbitrage probability, random p")
-    reason.add_argument("--judge", default=None, help="judge suffix text (default: chat template, or <JUDGE> on the zoo)")
-    reason.add_argument("--delimiter", default=None, help="step delimiter string (default: '\\n\\n'; <STEP> on the zoo)")
+    reason.add_argument("--judge", default=None,
+                        help="judge suffix text (default: chat template, or <JUDGE> on the zoo)")
+    reason.add_argument("--delimiter", default=None,
+                        help="step delimiter string (default: '\\n\\n'; <STEP> on the zoo)")
     reason.add_argument("--max-step-tokens", type=positive_int, default=256)
-    reason.add_argument("--max-new-tokens", type=positive_int, default=1024)
+    reason.add_argument("--max-new-tokens", type=positive_int,
+                        help="tokens per rollout at most (default: 1024 with --target; 96 on the zoo, whose models "
+                        "have 256 positions)")
     reason.add_argument("--temperature", type=temperature_arg, default=0.0)
     reason.add_argument("--batch-size", type=positive_int, default=8, help="rows in flight")
     reason.add_argument("--schedule", choices=("lockstep", "async"), default="lockstep",
@@ -53,7 +59,7 @@ def add_parsers(sub, bench_sub) -> None:
                         help="with --schedule async: a waiting prompt joins as each row finishes (continuous "
                         f"batching; rollouts are written every {REFILL_GROUP} batches)")
     reason.add_argument("--seed", type=nonnegative_int, default=0)
-    reason.add_argument("--scale", default="cpu")
+    scale_argument(reason)
     reason.add_argument("--device", type=device_arg, default=default_device())
     reason.add_argument("--out", required=True, help="output .jsonl (one rollout per line)")
     job = reason.add_mutually_exclusive_group()
@@ -63,7 +69,7 @@ def add_parsers(sub, bench_sub) -> None:
 
     bench = bench_sub.add_parser("reasoning", help="ChainArith: target/draft-only, SpecReason, Arbitrage, random, "
                                  "token-level SD, lockstep and asynchronous; accuracy vs measured throughput")
-    bench.add_argument("--scale", default="cpu")
+    scale_argument(bench)
     bench.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 64, 256])
     bench.add_argument("--problems", type=positive_int, nargs="+",
                        help="problems per batch size (default 64 64 128 512, else twice the batch)")
@@ -170,8 +176,8 @@ def _load_models(args, device):
     if args.target:
         if not args.draft or not args.prompts:
             raise ValueError("--target: also give --draft and --prompts")
-        model_folder("--target", args.target)
-        model_folder("--draft", args.draft)
+        args.target = local_path(model_folder("--target", args.target))
+        args.draft = local_path(model_folder("--draft", args.draft))
         load = {"dtype": torch.float32, "attn_implementation": "sdpa"}
         with loading("--target", args.target):
             target = AutoModelForCausalLM.from_pretrained(args.target, **load).to(device).eval()
@@ -199,6 +205,14 @@ def cmd_reason(args) -> int:
 
     if args.refill and args.schedule != "async":
         raise ValueError("--refill: waiting prompts join a running batch only with --schedule async")
+    if args.max_new_tokens is None:
+        from specmm.zoo import chainarith
+
+        args.max_new_tokens = 1024 if args.target else chainarith.MAX_NEW_TOKENS
+    if not args.target:  # the zoo's context is known before its models are built: refuse before any training
+        from specmm.zoo import chainarith
+
+        check_budget(args.max_new_tokens, chainarith.CONTEXT, "--max-new-tokens", 1)
     threshold = policy_threshold(args.policy, args.threshold)
     out = check_file_output(args.out, args.resume, args.force, "--out")
     prompts = read_text_lines("--prompts", args.prompts) if args.prompts else None

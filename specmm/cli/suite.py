@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specmm.cli.common import default_device, device_arg
+from specmm.cli.common import default_device, device_arg, scale_argument
 
 
 def cmd_bench_suite(args) -> int:
@@ -65,8 +65,7 @@ def add_parser(bench_sub) -> None:
     p = bench_sub.add_parser("suite", help="every modality's benchmark, step by step (each step builds its zoo "
                              "entries, runs its bench and writes its reports at once)")
     p.add_argument("--device", type=device_arg, default=default_device())
-    p.add_argument("--scale", default="gpu", help="zoo scale of every step (gpu; tiny: a CPU machinery check whose "
-                   "figures mean nothing)")
+    scale_argument(p, default="gpu", help="zoo scale of every step")
     p.add_argument("--out", required=True, help="folder of the reports (on a lent GPU machine: under $OUT)")
     p.add_argument("--only", help=f"comma-separated steps to run (default: all of {','.join(STEPS)})")
     p.add_argument("--resume", action="store_true", help="skip the steps whose reports are already in --out")

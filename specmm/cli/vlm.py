@@ -6,6 +6,9 @@ import torch
 
 import specmm
 from specmm.cli.common import (
+    local_path,
+    add_job_options,
+    scale_argument,
     DRAFT_DEFAULTS,
     default_device,
     device_arg,
@@ -37,8 +40,8 @@ def cmd_train_drafter(args) -> int:
     from specmm.vlm.train import jsonl_batches
     from specmm.zoo import captioner, captioner_drafters
 
-    model_folder("--target", args.target)
-    model_folder("--init", args.init, needs="")
+    args.target = local_path(model_folder("--target", args.target))
+    args.init = local_path(model_folder("--init", args.init, needs=""))
     if args.data:
         input_file("--data", args.data)
     elif args.target:
@@ -103,14 +106,14 @@ def cmd_caption(args) -> int:
     from specmm.jobs import fingerprint
     from specmm.jobs.shards import Processes, process_device
     from specmm.vlm import SpeculativeVLM, caption_images, find_images
-    from specmm.vlm.caption import DEFAULT_PROMPT, check_output
+    from specmm.vlm.caption import DEFAULT_PROMPT, caption_prompt, check_output
 
     paths = find_images(args.images)  # cheap errors before any model is loaded
     check_output(args.out, args.resume, args.force, "--out")
-    model_folder("--target", args.target)
-    model_folder("--draft-lm", args.draft_lm)
+    args.target = local_path(model_folder("--target", args.target))
+    args.draft_lm = local_path(model_folder("--draft-lm", args.draft_lm))
     if args.drafter and args.drafter != "prompt-lookup":
-        model_folder("--drafter", args.drafter, needs="")
+        args.drafter = local_path(model_folder("--drafter", args.drafter, needs=""))
     sampling = specmm.SamplingConfig(temperature=args.temperature)
     device = process_device(args.device)  # under `accelerate launch`: this process's GPU
     load = dict(dtype=args.dtype, attn_implementation="sdpa")
@@ -139,7 +142,8 @@ def cmd_caption(args) -> int:
                   args.drafter if args.drafter == "prompt-lookup" else fingerprint(args.drafter))}
     summary = caption_images(svlm, paths, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                              resume=args.resume, force=args.force, sampling=sampling,
-                             prompt=args.prompt or DEFAULT_PROMPT, settings=models, argument="--out")
+                             prompt=caption_prompt(processor, args.prompt or DEFAULT_PROMPT), settings=models,
+                             argument="--out")
     if not Processes(cpu=device.type == "cpu").is_main:
         return 0  # under `accelerate launch` the main process reports the whole job
     done = summary.caption
@@ -160,7 +164,7 @@ def add_parsers(sub) -> None:
     train.add_argument("--prompt", default="Describe the picture in detail.", help="instruction used with --data")
     train.add_argument("--init", help="start from this drafter folder (e.g. a text-stage checkpoint)")
     train.add_argument("--out", required=True, help="output folder (checkpoints under OUT/text, OUT/multimodal)")
-    train.add_argument("--scale", default="cpu")
+    scale_argument(train)
     train.add_argument("--scenes", type=positive_int, default=512, help="zoo scenes to regenerate (no --data)")
     train.add_argument("--text-steps", type=nonnegative_int, default=120)
     train.add_argument("--multimodal-steps", type=nonnegative_int, default=330)
@@ -168,7 +172,7 @@ def add_parsers(sub) -> None:
     train.add_argument("--lr", type=float_range(0.0, low_open=True), default=1e-3)
     train.add_argument("--checkpoint-every", type=positive_int, default=50, help="steps between stage checkpoints")
     train.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the head's initialisation and noise")
-    train.add_argument("--force", action="store_true", help="discard what --out holds and start over")
+    add_job_options(train)
     train.add_argument("--device", type=device_arg, default=default_device())
     train.add_argument("--dtype", type=dtype_arg, default=torch.float32)
     train.set_defaults(func=cmd_train_drafter)
@@ -183,8 +187,10 @@ def add_parsers(sub) -> None:
     caption.add_argument("--batch-size", type=positive_int, default=8)
     caption.add_argument("--max-new-tokens", type=positive_int, default=128)
     caption.add_argument("--temperature", type=temperature_arg, default=0.0, help="0 (default) is greedy")
-    caption.add_argument("--prompt", help="instruction (default: specmm.vlm.caption.DEFAULT_PROMPT); the "
-                         "processor's image token is prepended when absent")
+    caption.add_argument("--prompt",
+                         help="instruction (default: 'Describe the picture in detail.'), put in the processor's chat "
+                         "template (the zoo captioner's is its training "
+                         "format); a prompt holding the image token is sent as it is")
     job = caption.add_mutually_exclusive_group()
     job.add_argument("--resume", action="store_true", help="continue the same job in --out: skip images already in it")
     job.add_argument("--force", action="store_true", help="discard what --out holds and start over")

@@ -6,23 +6,35 @@ file's size and sha256 against its zoo.json) as `build` does before it answers.
 
 from __future__ import annotations
 
-import json
+from specmm.cli.common import nonnegative_int, scale_argument
 
-from specmm.cli.common import nonnegative_int
+
+def build_summary(record: dict) -> str:
+    """One line for a finished build: what it is, its models' sizes and how long it took (zoo.json has the rest)."""
+    models = record.get("models") or {}
+    sizes = ", ".join(f"{role} {m['parameters'] / 1e6:.2f}M params" for role, m in models.items()
+                      if isinstance(m, dict) and isinstance(m.get("parameters"), (int, float)))
+    took = record.get("wall_time_s")
+    parts = [f"{record['name']} ({record['scale']}, seed {record.get('seed', 0)})", sizes,
+             f"built in {took:.0f} s" if isinstance(took, (int, float)) else ""]
+    return "; ".join(p for p in parts if p) + "; details in zoo.json"
 
 
 def cmd_zoo(args) -> int:
     from specmm import zoo
 
     if args.zoo_command == "list":
-        for entry in zoo.REGISTRY.values():
-            built = [scale for scale in entry.recipes if zoo.is_built(entry.name, scale)]
-            print(f"{entry.name:<19} scales: {', '.join(entry.recipes):<16} built: {', '.join(built) or '-':<10} "
-                  f"{entry.description}")
+        rows = [(entry.name, ", ".join(entry.recipes),
+                 ", ".join(s for s in entry.recipes if zoo.is_built(entry.name, s)) or "-", entry.description)
+                for entry in zoo.REGISTRY.values()]
+        header = ("entry", "scales", "built", "what it is")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        for row in [header, *rows]:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     elif args.zoo_command == "build":
+        zoo.check(args.name, args.scale)
         path = zoo.build(args.name, args.scale, seed=args.seed, force=args.force)
-        record = zoo.record(args.name, args.scale, seed=args.seed)
-        print(json.dumps({k: v for k, v in record.items() if k not in ("files", "recipe")}, indent=2))
+        print(build_summary(zoo.record(args.name, args.scale, seed=args.seed)))
         print(path)
     else:
         print(zoo.path(args.name, args.scale, seed=args.seed, verify=True))
@@ -36,7 +48,7 @@ def add_parser(sub) -> None:
     for name in ("build", "path"):
         p = zsub.add_parser(name)
         p.add_argument("name")
-        p.add_argument("--scale", default="cpu")
+        scale_argument(p)
         p.add_argument("--seed", type=nonnegative_int, default=0, help="each seed is its own build (default 0)")
         if name == "build":
             p.add_argument("--force", action="store_true", help="discard any existing build and start over")

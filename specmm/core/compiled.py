@@ -112,7 +112,8 @@ CPP_WRAPPER = os.environ.get("SPECMM_CPP_WRAPPER", "1") != "0"
 
 A compiled call's Python wrapper costs a few microseconds per kernel; a round of a small model is a few hundred
 kernels, so on a CPU the wrapper is a large part of a round (LANTERN on the zoo imagegen, batch 1: 1.11x -> 1.38x
-over compiled AR, which gains too; `benchmarks/image_ar-imagegen-cpu-cpu-compiled-chain6-cppwrapper.md`). Compiling the C++ wrapper costs seconds per graph, reported with the compile time.
+over compiled AR, which gains too; `benchmarks/image_ar-imagegen-cpu-cpu-compiled-chain6-cppwrapper.md`).
+Compiling the C++ wrapper costs seconds per graph, reported with the compile time.
 The test suite turns it off (SPECMM_CPP_WRAPPER=0) but for the tests that check it."""
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from specmm.core.acceptance import AcceptanceRule, AcceptResult, accept_greedy, accept_sampled, check_rule, sampled_draws
+from specmm.core.acceptance import (AcceptanceRule, AcceptResult, accept_greedy, accept_sampled, check_rule,
+                                    sampled_draws)
 from specmm.core.compiled import StaticPlan, compiled_forward
 from specmm.core.sampling import Generators, SamplingConfig, process_logits
 from specmm.core.tree import DraftTree, ancestor_mask, children_table

@@ -43,8 +43,8 @@ def context_problem(prompt_tokens: int, max_new_tokens: int, limit: int | None, 
 def check_budget(max_new_tokens: int, limit: int | None, argument: str = "max_new_tokens", extra: int = 0) -> None:
     """ValueError when `max_new_tokens` (+ `extra`) alone leaves no room for a prompt in the context."""
     if limit is not None and max_new_tokens + extra >= limit:
-        raise ValueError(f"{argument}: {max_new_tokens} new tokens (+ {extra} for drafts) leave no room for a prompt in "
-                         f"the model's context of {limit} positions; use at most {limit - extra - 1}")
+        raise ValueError(f"{argument}: {max_new_tokens} new tokens (+ {extra} for drafts) leave no room for a "
+                         f"prompt in the model's context of {limit} positions; use at most {limit - extra - 1}")
 
 
 __all__ = ["check_budget", "context_limit", "context_problem"]

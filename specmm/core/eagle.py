@@ -139,7 +139,8 @@ class EagleDrafter(CountsForwards):
     def __init__(self, head: EagleHead, target_model: nn.Module):
         hidden = target_model.config.get_text_config().hidden_size
         if head.config.hidden_size != hidden:
-            raise ValueError(f"drafter: EAGLE head hidden_size {head.config.hidden_size} != target hidden_size {hidden}")
+            raise ValueError(f"drafter: EAGLE head hidden_size {head.config.hidden_size} != "
+                             f"target hidden_size {hidden}")
         if final_norm(target_model) is None:
             raise ValueError(f"target: cannot find the final norm of {type(target_model).__name__} for EAGLE features")
         self.head = head

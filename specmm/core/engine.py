@@ -519,7 +519,8 @@ class SpeculativeGenerator:
             hit = stops.any(1)
             take = torch.where(hit, stops.to(torch.uint8).argmax(1) + 1, take)
             done = done | hit
-        out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new, out.new_tensor(pad))
+        out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new,
+                                                                            out.new_tensor(pad))
         counts[active] += take
         rounds[active] += (take > 0).long()
         _stream_round(streamer, batch, active, new, take)

@@ -13,7 +13,7 @@
   index inside the model, and decoders that take no position ids (TrOCR, the decoder halves of BART, Marian and
   Pegasus): they count positions from their cache length.
 - Encoder-decoder models are refused: the adapters run decoder-only LMs.
-- Recurrent models (transformers' `_is_stateful`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
+- Recurrent models (`recurrent_state`: RWKV, xLSTM, RecurrentGemma, linear-attention hybrids) carry a
   state a rejected draft cannot be cut from, so the key/value-cache target and drafters refuse them; Mamba2 and
   its hybrids have the SSM adapter (`specmm.ssm`).
 """
@@ -65,6 +65,35 @@ def check_position_scheme(model: nn.Module, role: str) -> None:
             "sliding windows come from the mask (Mistral, Gemma 2/3, Qwen2) or one with global layers only")
 
 
+# layer kinds whose state is a running summary, not one key/value entry per token (transformers' names across 5.x)
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "recurrent", "mamba", "mamba2", "rwkv", "deltanet"})
+
+
+def recurrent_state(model: nn.Module) -> str | None:
+    """Why the model carries a state that a rejected draft cannot be cut from, or None for a key/value-cache model.
+
+    transformers has marked such models in several ways across 5.x (a class flag `_is_stateful` until 5.24, a
+    `state`/`cache_params` argument, layer types such as 'linear_attention', no default DynamicCache), so every
+    sign is read and the first found is named."""
+    cls = type(model)
+    if getattr(cls, "_is_stateful", False):
+        return "transformers marks it stateful"
+    parameters = inspect.signature(cls.forward).parameters
+    for name in ("state", "cache_params"):
+        if name in parameters:
+            return f"its forward takes `{name}`"
+    supports_dynamic_cache = getattr(cls, "_supports_default_dynamic_cache", None)
+    if callable(supports_dynamic_cache) and not supports_dynamic_cache():
+        return "transformers gives it a cache of its own, not a key/value DynamicCache"
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = _text_config(model)
+    kinds = set(getattr(text, "layer_types", None) or []) | set(getattr(text, "layers_block_type", None) or [])
+    recurrent = sorted(kinds & RECURRENT_LAYER_TYPES)
+    return f"its layer types include {recurrent}" if recurrent else None
+
+
 def check_decoder_cache(model: nn.Module, role: str) -> None:
     """Raise ValueError (naming `role`) unless the model is a decoder-only LM whose key/value cache the adapters
     can address: an encoder-decoder model decodes from encoder states they never make, and a recurrent state
@@ -74,9 +103,10 @@ def check_decoder_cache(model: nn.Module, role: str) -> None:
         raise ValueError(
             f"{role}: {type(model).__name__} is an encoder-decoder model; specmm speculates for decoder-only "
             "language models (a *ForCausalLM, or a vision-language model's decoder)")
-    if getattr(model, "_is_stateful", False):
+    evidence = recurrent_state(model)
+    if evidence:
         raise ValueError(
-            f"{role}: {type(model).__name__} keeps a recurrent state (transformers marks it stateful), which "
+            f"{role}: {type(model).__name__} keeps a recurrent state ({evidence}), which "
             "specmm's key/value-cache adapters cannot roll back to the accepted tokens after a rejected draft. "
             "As a target, Mamba2 and its hybrids go through the SSM adapter (specmm.ssm.SUPPORTED_MODELS); as a "
             "drafter, use an attention model")

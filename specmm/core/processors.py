@@ -23,6 +23,7 @@ how often they are accepted (a draft model that knows the target's rules no long
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,15 @@ def resolve_special_tokens(model: Any, eos_token_id: int | Sequence[int] | None,
     return eos_token_id, pad_token_id
 
 
+
+def hf_skips_left_padding() -> bool:
+    """Whether the installed transformers' `generate` keeps left padding out of the repetition penalty (it passes
+    `prompt_ignore_length` per row from 5.24 on; 5.17 penalises the pad columns as tokens). specmm follows the
+    installed version, so greedy outputs equal its `generate` either way."""
+    from transformers.generation.utils import GenerationMixin
+
+    return "prompt_ignore_length" in inspect.getsource(GenerationMixin._get_logits_processor)
+
 @dataclass
 class History:
     """Each row's sequence as `generate` holds it before the current round's tree."""
@@ -92,7 +102,7 @@ class History:
     tokens: Tensor  # [B, W] prompt as given (left padding kept), then new tokens; junk past `lengths`
     lengths: Tensor  # [B] tokens so far (prompt width + new tokens; the tree's root is the last of them)
     prompt_width: int  # L, the padded prompt width: row b has lengths[b] - L new tokens
-    pad_before: Tensor  # [B] left-padding columns of each row (the repetition penalty skips them, like HF)
+    pad_before: Tensor  # [B] left-padding columns of each row (the repetition penalty skips them where HF does)
 
     @classmethod
     def of(cls, prompt: Tensor, prompt_mask: Tensor, new_tokens: Tensor, counts: Tensor, rows: Tensor) -> History:
@@ -115,6 +125,7 @@ class TreeLogitsProcessor:
     suppress_tokens: Tensor | None = None  # [S]
     begin_suppress_tokens: Tensor | None = None  # [S'] suppressed for the first new token only
     renormalize_logits: bool = False
+    skip_left_padding: bool = True  # the repetition penalty skips left padding (`hf_skips_left_padding`)
 
     @classmethod
     def from_model(cls, model: Any, eos_token_id: Sequence[int] = ()) -> TreeLogitsProcessor | None:
@@ -134,7 +145,7 @@ class TreeLogitsProcessor:
                     f"(model.generation_config.{name} = None) to decode without it")
         vocab_device = _device(model)
         eos = torch.tensor(list(eos_token_id), dtype=torch.long, device=vocab_device)
-        processor = cls(eos_token_ids=eos)
+        processor = cls(eos_token_ids=eos, skip_left_padding=hf_skips_left_padding())
         penalty = config.repetition_penalty
         if penalty is not None and penalty != 1.0:
             if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
@@ -203,7 +214,7 @@ class TreeLogitsProcessor:
         scores = logits.float()  # HF processes a float32 copy of the logits
         vocab = scores.shape[-1]
         if self.repetition_penalty is not None:
-            start = history.pad_before[:, None, None]
+            start = history.pad_before[:, None, None] if self.skip_left_padding else 0
             seen = token_mask(sequences, start, lengths[:, :, None], vocab)  # [B, T, V]
             penalised = torch.where(scores < 0, scores * self.repetition_penalty, scores / self.repetition_penalty)
             scores = torch.where(seen, penalised, scores)

@@ -92,7 +92,7 @@ class MaskLayout:
     chunk: int | None = None
 
 
-def mask_layout(model: nn.Module) -> MaskLayout:
+def mask_layout(model: nn.Module, role: str = "model") -> MaskLayout:
     """The model's `MaskLayout`; ValueError for layer kinds a key/value cache cannot serve (conv, linear
     attention). A sliding or chunked kind without its size is full attention, as HF builds it."""
     text = model.config.get_text_config()
@@ -103,7 +103,8 @@ def mask_layout(model: nn.Module) -> MaskLayout:
     layer_types = set(getattr(text, "layer_types", None) or [])
     unsupported = layer_types - set(ATTENTION_KINDS)
     if unsupported:
-        raise ValueError(f"model: layer types {sorted(unsupported)} are not supported by the HF target adapter")
+        raise ValueError(f"{role}: {type(model).__name__} has layer types {sorted(unsupported)}, which the "
+                         "key/value-cache adapter does not support")
     if not layer_types:  # no per-layer types: every layer slides when the config has a window
         layer_types = {"sliding_attention" if window is not None else "full_attention"}
     sized = {"sliding_attention": window, "chunked_attention": chunk}
@@ -117,7 +118,7 @@ def check_runnable(model: nn.Module, role: str) -> None:
     cache, an attention backend that takes tree masks, layer kinds it can mask, positions it can give."""
     check_decoder_cache(model, role)
     attention_backend(model)
-    mask_layout(model)
+    mask_layout(model, role)
     check_position_scheme(model, role)
 
 

@@ -55,7 +55,8 @@ def prophet_rule(block_length: int, gen_length: int, thresholds: tuple[float, fl
         two = logits.float().topk(2, dim=-1).values  # [n, G, 2]
         gap = ((two[..., 0] - two[..., 1]) * masked).sum(-1) / masked.sum(-1).clamp_min(1)  # [n]
         progress = 1.0 - masked.sum(-1) / gen_length  # [n]
-        bound = torch.where(progress < 1 / 3, thresholds[0], torch.where(progress < 2 / 3, thresholds[1], thresholds[2]))
+        bound = torch.where(progress < 1 / 3, thresholds[0],
+                            torch.where(progress < 2 / 3, thresholds[1], thresholds[2]))
         return torch.where((gap >= bound)[:, None], masked, first(conf, tokens, masked, logits, step))
     return rule
 

@@ -17,7 +17,8 @@ def noised_batch(clean: Tensor, mask_id: int, generator: torch.Generator, eps: f
     b, t = clean.shape
     p_mask = eps + (1 - eps) * torch.rand(b, 1, generator=generator)  # [B, 1]
     masked = torch.rand(b, t, generator=generator) < p_mask  # [B, T]
-    prefix = torch.randint(0, t // 2, (b, 1), generator=generator) * (torch.rand(b, 1, generator=generator) < keep_prefix)
+    prefix = (torch.randint(0, t // 2, (b, 1), generator=generator)
+              * (torch.rand(b, 1, generator=generator) < keep_prefix))
     masked &= torch.arange(t)[None] >= prefix
     return {"input_ids": torch.where(masked, mask_id, clean), "labels": clean, "masked": masked,
             "p_mask": p_mask.expand(b, t).clone()}

@@ -2,7 +2,8 @@
 
 Each pure tensor part of a round is an `nn.Module` (the guided verify and the cache commit in `target`, the
 Jacobi draft in `jacobi`, the drafter head run in `drafter`; the engine's compiled mode runs the acceptance
-walk of `specmm.core.compiled_accept`). Eager mode calls them directly; compiled mode runs them through `specmm.core.compiled.compiled_forward` (static shapes per window or
+walk of `specmm.core.compiled_accept`). Eager mode calls them directly; compiled mode runs them through
+`specmm.core.compiled.compiled_forward` (static shapes per window or
 tree size, one graph per shape, shared by every sampler of the model; eager with one warning naming the reason
 if a part cannot compile). Random draws are made eagerly before a part runs, in eager mode's order, so both
 modes give the same tokens, and nothing in a part reads a tensor on the host.

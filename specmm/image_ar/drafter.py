@@ -91,10 +91,26 @@ class ImageDrafter(CountsForwards):
         atomic_write_bytes(path / "model.safetensors", save(weights))
         atomic_write_text(path / "config.json", json.dumps(self.head.config.to_dict(), indent=2))
 
+    @staticmethod
+    def read_config(path: str | Path) -> GPTConfig:
+        """The head's config in the folder `path`; ValueError for a folder another kind of model saved (a VLM
+        drafter, an HF model: their config.json has fields an image drafter's has not)."""
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"drafter: {path} has no config.json (expected an image drafter folder, saved by "
+                             "`specmm train-image-drafter` or ImageDrafter.save_pretrained)")
+        fields = json.loads((path / "config.json").read_text())
+        foreign = sorted(set(fields) - set(GPTConfig.__dataclass_fields__)) if isinstance(fields, dict) else ["?"]
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            raise ValueError(f"drafter: {path} is not an image drafter folder (its config.json has fields {shown} of "
+                             "another kind of model); give a folder saved by `specmm train-image-drafter`")
+        return GPTConfig(**fields)
+
     @classmethod
     def from_pretrained(cls, path: str | Path, gpt: LlamaGenGPT) -> ImageDrafter:
         path, gpt = Path(path), drafter_view(gpt)
-        config = GPTConfig(**json.loads((path / "config.json").read_text()))
+        config = cls.read_config(path)
         drafter = cls(DraftHead(config), gpt)
         drafter.head.load_state_dict(load_file(path / "model.safetensors"))
         ref = gpt.tok_embeddings.weight

@@ -66,7 +66,8 @@ def head_loss(drafter: ImageDrafter, features: Tensor, tokens: Tensor, ce_weight
     ce = -(soft * lm.logits(predicted).log_softmax(-1)).sum(-1).mean()
     with torch.no_grad():
         top1 = (lm.logits(predicted).argmax(-1) == logits[:, 1:].argmax(-1)).float().mean()
-    return feature_loss + ce_weight * ce, {"feature": float(feature_loss.detach()), "ce": float(ce.detach()), "top1": float(top1)}
+    return feature_loss + ce_weight * ce, {"feature": float(feature_loss.detach()), "ce": float(ce.detach()),
+                                           "top1": float(top1)}
 
 
 def drafter_loss(drafter: ImageDrafter, conditions: Tensor, tokens: Tensor, ce_weight: float = 0.1,

@@ -10,6 +10,7 @@ the core `ModelRunner` (4-D masks, explicit positions, ragged rows, left padding
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -236,9 +237,16 @@ class JanusImageModel:
                             max_nodes=max_nodes)
 
     @torch.no_grad()
+    def hf_generate_problem(self) -> str | None:
+        """Why `hf_generate` cannot run under the installed transformers (None when it can)."""
+        return stock_generate_problem()
+
     def hf_generate(self, prompts, cfg_scale: float, **generate_kwargs) -> Tensor:
         """The stock `generate(generation_mode="image")` call this adapter reproduces -> its tokens [B, N]
         (`generate_kwargs`: e.g. `do_sample=False`)."""
+        problem = self.hf_generate_problem()
+        if problem:
+            raise ValueError(f"hf_generate: {problem}")
         _, inputs = self.conditioning(prompts, cfg_scale, max_nodes=1)
         return self.janus.generate(input_ids=inputs["prompt_ids"], attention_mask=inputs["prompt_mask"],
                                    generation_mode="image", guidance_scale=cfg_scale, **generate_kwargs)
@@ -256,6 +264,23 @@ class JanusImageModel:
         return to_pil(self.janus.decode_image_tokens(tokens).permute(0, 3, 1, 2))
 
 
+
+def stock_generate_problem() -> str | None:
+    """Why the installed transformers' own Janus image `generate` cannot run, or None when it can. In 5.17 it calls
+    `_prepare_static_cache` without the `prefill_chunk_size` that method requires, and raises TypeError."""
+    import transformers
+    from transformers import JanusForConditionalGeneration
+    from transformers.generation.utils import GenerationMixin
+
+    needed = inspect.signature(GenerationMixin._prepare_static_cache).parameters.get("prefill_chunk_size")
+    if needed is None or needed.default is not inspect.Parameter.empty:
+        return None
+    if "prefill_chunk_size" in inspect.getsource(JanusForConditionalGeneration.generate):
+        return None
+    return (f"transformers {transformers.__version__}'s own Janus image generate fails (it calls "
+            "_prepare_static_cache without prefill_chunk_size), so there is no stock reference to compare with; "
+            "use transformers >= 5.24")
+
 register_image_model("JanusForConditionalGeneration", JanusImageModel)
 
-__all__ = ["JanusImageLM", "JanusImageModel", "JanusTarget"]
+__all__ = ["JanusImageLM", "JanusImageModel", "JanusTarget", "stock_generate_problem"]

@@ -125,8 +125,8 @@ class ImageSampler:
         else:
             if isinstance(self.proposer, ImageDrafter):  # one drafter may serve several samplers: it reads this one's
                 self.proposer.bind(self.target)  # target (guidance, cache reserve) while this one generates
-            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule, compile=self.compile,
-                                       profile=self.profile)
+            gen = SpeculativeGenerator(self.target, self.proposer, tree=self.tree, acceptance=self.rule,
+                                       compile=self.compile, profile=self.profile)
             out = gen.generate(prompt, max_new_tokens=n, sampling=sampling, generator=generator, **conditioning)
             tokens, stats = self.model.image_tokens(out.sequences), out.stats
             self.whole_round = gen.whole_round

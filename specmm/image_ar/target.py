@@ -88,7 +88,8 @@ class GuidedTarget:
             self.key_valid[:, :cls] = torch.cat([mask, mask]) if self.guided else mask
         slots = torch.arange(cls, device=self.device)
         causal = slots[:, None] >= torch.arange(length, device=self.device)[None, :]  # [cls, S]
-        attend = (causal[None] & self.key_valid[:, None, :]) | (slots[:, None] == torch.arange(length, device=self.device))
+        attend = ((causal[None] & self.key_valid[:, None, :])
+                  | (slots[:, None] == torch.arange(length, device=self.device)))
         rope = self.gpt.rope[:cls].expand(rows, -1, -1, -1)
         features = self.gpt.hidden(embeds, rope, attend[:, None], self.cache, slots.expand(rows, cls))
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] committed image tokens

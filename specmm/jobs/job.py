@@ -2,7 +2,8 @@
 
 The manifest (`<out>.job.json` next to a file output, `<out>/job.json` inside a folder output; the lock is the
 hidden `.<out>.lock` or `<out>/.job.lock`) records the job kind and every setting that changes results (method,
-seed, sampling, content fingerprints of the models; see `specmm.jobs.content`). Items are matched by key inside the output, so the manifest holds no item list:
+seed, sampling, content fingerprints of the models; see `specmm.jobs.content`). Items are matched by key inside the
+output, so the manifest holds no item list:
 adding images to a folder and resuming does the new ones only.
 
 The output is addressed by its real path (symlinks resolved), so two spellings of one file share one lock and
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,6 +79,12 @@ def check_output_path(out: str | Path, argument: str = "--out", folder: bool = F
     parent = next((p for p in Path(os.path.abspath(out)).parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ValueError(f"{argument}: {out} cannot be written: {parent} is a file, not a folder")
+    probe_at = out if folder and out.is_dir() else parent
+    if probe_at is not None:
+        try:  # a real write: permission bits say nothing to root, nor about read-only or virtual file systems
+            tempfile.TemporaryFile(dir=probe_at).close()
+        except OSError as err:
+            raise ValueError(f"{argument}: {out} cannot be written ({probe_at}: {err.strerror or err})") from None
     return out
 
 

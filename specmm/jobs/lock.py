@@ -27,8 +27,12 @@ class OutputLock:
         self.fd: int | None = None
 
     def acquire(self) -> OutputLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # named by the output the user gave, not by the hidden lock file
+            raise ValueError(f"{self.argument}: {self.output} cannot be written ({err.strerror or err}); choose "
+                             "another output") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

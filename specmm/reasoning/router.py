@@ -39,7 +39,8 @@ def draft_features(view) -> Tensor:
     min_logp = torch.where(in_step, logp, 0.0).min(1).values
     entropy = draw.entropy.float()
     steps = view.steps_done.float()
-    stats = torch.stack([mean_logp, min_logp, (entropy * weights).sum(1), torch.where(in_step, entropy, 0.0).max(1).values,
+    stats = torch.stack([mean_logp, min_logp, (entropy * weights).sum(1),
+                         torch.where(in_step, entropy, 0.0).max(1).values,
                          lengths.float() / view.budget.float().clamp_min(1), steps / 16.0,
                          view.target_steps.float() / steps.clamp_min(1), view.last_by_target.float()], 1)
     return torch.cat([mean_hidden, last_hidden, stats], 1)

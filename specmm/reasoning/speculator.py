@@ -127,7 +127,8 @@ class _Run:
         self.live = [self.live[i] for i in keep]
         self.used, self.steps_done = self.used[index], self.steps_done[index]
         self.target_steps, self.last_by_target = self.target_steps[index], self.last_by_target[index]
-        pick = (lambda g: g if g is None or isinstance(g, torch.Generator) else [g[i] for i in keep])
+        def pick(g):
+            return g if g is None or isinstance(g, torch.Generator) else [g[i] for i in keep]
         return pick(draft_gens), pick(target_gens)
 
 
@@ -207,7 +208,8 @@ class StepSpeculator:
         if seed is None:
             return None, None
         seeds = self._seeds(seed, batch)
-        make = lambda s: torch.Generator(self.device).manual_seed(s)
+        def make(s):
+            return torch.Generator(self.device).manual_seed(s)
         return [make(2 * s + 1) for s in seeds], [make(2 * s) for s in seeds]
 
     @staticmethod

@@ -20,8 +20,8 @@ TRL's contract (`GRPOTrainer(..., rollout_func=f)`; experimental in TRL, silence
   `inner_speculation=k` (exact token-level speculation) gives on-policy rollouts.
 
 For on-policy GRPO, build the `StepSpeculator` with the very model object handed to the trainer (its target;
-`trainer.model` is that object unless DeepSpeed or FSDP shards it), so rollouts follow the weights as they train; the hook runs it in eval mode
-and restores the mode after.
+`trainer.model` is that object unless DeepSpeed or FSDP shards it), so rollouts follow the weights as they train;
+the hook runs it in eval mode and restores the mode after.
 """
 
 from __future__ import annotations

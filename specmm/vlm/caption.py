@@ -35,13 +35,28 @@ from specmm.vlm.pipeline import SpeculativeVLM
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PROMPT = "Describe the picture in detail."
+DEFAULT_PROMPT = "Describe the picture in detail."  # the instruction `specmm caption` sends without --prompt
+
+
+def caption_prompt(processor, instruction: str = DEFAULT_PROMPT) -> str:
+    """The prompt text for `instruction` in the format the model was trained on: the processor's chat template
+    (one user turn holding the image and the instruction, then the generation prompt) when it has one; the
+    instruction itself when it already holds the image token (a whole prompt) or there is no template (the image
+    token is then prepended, `with_image_token`). A prompt off the training format can leave a drafter with
+    nothing accepted."""
+    image_token = getattr(processor, "image_token", None)
+    if (image_token and image_token in instruction) or not getattr(processor, "chat_template", None):
+        return instruction
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
+    return processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 def find_images(spec: str | Path) -> list[Path]:
     """A folder's image files (by suffix), or the files a glob pattern matches, sorted."""
     path = Path(spec)
+    if not path.exists() and not glob.has_magic(str(spec)):
+        raise ValueError(f"images: {str(spec)!r} does not exist (expected a folder of images or a glob pattern)")
     if path.is_dir():
         found = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
     else:

@@ -295,15 +295,21 @@ def jsonl_batches(path, processor, prompt: str, batch_size: int) -> Callable[[in
             records.append(item)
     if not records:
         raise ValueError(f"--data: {path} has no lines with both image and caption")
+    from specmm.vlm.caption import caption_prompt
+
     image_token = processor.image_token
-    text_prompt = prompt if image_token in prompt else f"{image_token}\n{prompt}"
+    rendered = caption_prompt(processor, prompt)  # the format `specmm caption` prompts in: train on the same
+    if rendered != prompt:
+        text_prompt = rendered
+    else:  # no chat template: the instruction after the image token, the caption on the next line
+        text_prompt = (prompt if image_token in prompt else f"{image_token}\n{prompt}") + "\n"
     eos = processor.tokenizer.eos_token or ""
 
     def batch(step: int) -> dict[str, Tensor]:
         chosen = [records[(step * batch_size + i) % len(records)] for i in range(batch_size)]
         images = [Image.open(r["image"]).convert("RGB") for r in chosen]
         processor.tokenizer.padding_side = "left"
-        texts = [f"{text_prompt}\n{r['caption']}{eos}" for r in chosen]
+        texts = [f"{text_prompt}{r['caption']}{eos}" for r in chosen]
         enc = processor(images=[[image] for image in images], text=texts,  # nested: one image per prompt
                         return_tensors="pt", padding=True)
         return dict(enc)

@@ -54,7 +54,7 @@ register(ZooEntry("code", "Llama target + ~10x smaller Llama draft on the Python
 register(ZooEntry("code-drafts", "an EAGLE head and a distilled draft for the code target (for bench core)",
                   code_drafts.RECIPES, code_drafts.build))
 register(ZooEntry("captioner", "LLaVA (CLIP tower + Llama) describing procedural scenes, + text-only draft",
-                  captioner.RECIPES, captioner.build))
+                  captioner.RECIPES, captioner.build, version=2))
 register(ZooEntry("captioner-drafters", "every VisionDrafter method (eagle, msd, vispec, dream, flash) trained "
                   "against the captioner", captioner_drafters.RECIPES, captioner_drafters.build))
 # what `specmm demo` needs on a first run: ViSpec alone, trained by the same code on fewer scenes and steps
@@ -78,13 +78,21 @@ register(ZooEntry("dlm-code", "masked diffusion LM in LLaDA's layout on the code
 
 def get(name: str) -> ZooEntry:
     if name not in REGISTRY:
-        raise ValueError(f"name: unknown zoo entry {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise ValueError(f"name: unknown zoo entry {name!r}; the entries: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
+
+
+def check(name: str, scale: str) -> ZooEntry:
+    """The entry `name`, after checking (before any work) that it exists and has `scale`."""
+    entry = get(name)
+    _recipe(entry, scale)
+    return entry
 
 
 def _recipe(entry: ZooEntry, scale: str) -> dict:
     if scale not in entry.recipes:
-        raise ValueError(f"scale: entry {entry.name!r} has scales {', '.join(entry.recipes)}, got {scale!r}")
+        raise ValueError(f"scale: zoo entry {entry.name!r} has no scale {scale!r}; its scales: "
+                         f"{', '.join(entry.recipes)}")
     return entry.recipes[scale]
 
 
@@ -154,7 +162,8 @@ def path(name: str, scale: str = "cpu", *, seed: int = 0, verify: bool = False) 
     if issues:
         seed_flag = f" --seed {seed}" if seed else ""
         raise FileNotFoundError(f"zoo entry {name!r} ({scale}{f', seed {seed}' if seed else ''}) is not built at "
-                                f"{dest} ({'; '.join(issues)}); run: specmm zoo build {name} --scale {scale}{seed_flag}")
+                                f"{dest} ({'; '.join(issues)}); run: specmm zoo build {name} --scale {scale}"
+                                f"{seed_flag}")
     return dest
 
 
@@ -172,4 +181,4 @@ def record(name: str, scale: str = "cpu", *, seed: int = 0) -> dict:
     return read_manifest(path(name, scale, seed=seed))
 
 
-__all__ = ["REGISTRY", "ZooEntry", "build", "get", "home", "is_built", "path", "record", "register"]
+__all__ = ["REGISTRY", "ZooEntry", "build", "check", "get", "home", "is_built", "path", "record", "register"]

@@ -42,6 +42,12 @@ from specmm.zoo.lm_training import (
 
 EOS, PAD, IMAGE = "<|endoftext|>", "<pad>", "<image>"
 PROMPT = "<image>\nDescribe the picture in detail.\n"
+# the processor's chat template renders one user turn (image, instruction) as PROMPT: the training format, which
+# `specmm caption` and `caption_prompt` then use by default
+CHAT_TEMPLATE = ("{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}{{ '\\n' }}"
+                 "{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{{ '\\n' }}"
+                 "{% elif part['type'] == 'text' %}{{ part['text'] }}{{ '\\n' }}{% endif %}{% endfor %}{% endif %}"
+                 "{% endfor %}")
 HELDOUT_SEED = 10**9  # held-out scenes come from seeds no training step uses
 
 RECIPES = {
@@ -109,7 +115,8 @@ def make_processor(tokenizer: PreTrainedTokenizerFast, recipe: dict) -> LlavaPro
     size = recipe["image_size"]
     image_processor = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=recipe["patch_size"],
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1)
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=CHAT_TEMPLATE)
 
 
 def make_target(recipe: dict, tokenizer, seed: int) -> LlavaForConditionalGeneration:
@@ -191,7 +198,8 @@ class CaptionerTraining(nn.Module):
 
     def _grouped_loss(self, scores: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         groups = scores.split(self.groups, dim=-1)
-        return sum(F.cross_entropy(g.flatten(0, 1), cells[..., j].flatten()) for j, g in enumerate(groups)) / len(groups)
+        losses = [F.cross_entropy(g.flatten(0, 1), cells[..., j].flatten()) for j, g in enumerate(groups)]
+        return sum(losses) / len(groups)
 
 
 def _first_word(attribute: str, value: str) -> str:

@@ -141,8 +141,12 @@ def batches(tokenizer, config: LMTrainConfig, judge_share: float, hard_share: fl
     return make_batch
 
 
+CONTEXT = 256  # positions of every chainarith model (prompt, steps and judge prompts together)
+MAX_NEW_TOKENS = 96  # a completion's budget that fits beside the longest problem
+
+
 def make_model(size: dict, tokenizer, seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=256, num_key_value_heads=size[
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=CONTEXT, num_key_value_heads=size[
         "num_attention_heads"], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, **size)
     config._attn_implementation = "sdpa"

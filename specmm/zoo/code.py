@@ -154,7 +154,8 @@ def make_model(size: dict, tokenizer: PreTrainedTokenizerFast, max_positions: in
 def greedy_text(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """[N, P + new_tokens]: the target's greedy continuation of each prompt [N, P], exactly `new_tokens` long."""
     return target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=target.config.pad_token_id)
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           pad_token_id=target.config.pad_token_id)
 
 
 @torch.no_grad()
@@ -212,7 +213,8 @@ def build(dest: Path, recipe: dict, seed: int, progress: bool) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     train_texts, heldout_texts = read_corpus(recipe["include_tests"], recipe["max_files"])
     if not (work / "tokenizer" / "tokenizer.json").is_file():
-        train_tokenizer(train_texts, recipe["vocab_size"], recipe["tokenizer_chars"]).save_pretrained(work / "tokenizer")
+        train_tokenizer(train_texts, recipe["vocab_size"],
+                        recipe["tokenizer_chars"]).save_pretrained(work / "tokenizer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(work / "tokenizer")  # fresh or resumed: the same object
     tokens = corpus_tokens(tokenizer, recipe, work, (train_texts, heldout_texts))
 

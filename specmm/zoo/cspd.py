@@ -95,7 +95,8 @@ def make_vae(recipe: dict, seed: int) -> AutoencoderKL:
     v, blocks = recipe["vae"], len(recipe["vae"]["block_out_channels"])
     torch.manual_seed(seed)
     return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
-                         up_block_types=("UpDecoderBlock2D",) * blocks, block_out_channels=tuple(v["block_out_channels"]),
+                         up_block_types=("UpDecoderBlock2D",) * blocks,
+                         block_out_channels=tuple(v["block_out_channels"]),
                          layers_per_block=1, latent_channels=v["latent_channels"], norm_num_groups=v["norm_num_groups"],
                          sample_size=recipe["image_size"], mid_block_add_attention=False)
 

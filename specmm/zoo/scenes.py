@@ -34,7 +34,8 @@ TEXTURE_WORDS = {"solid": ("solid", "filled"), "striped": ("striped",), "outline
 CELL_PHRASES = {
     (0, 0): ("in the top left corner",), (0, 1): ("at the top in the centre", "in the middle of the top row"),
     (0, 2): ("in the top right corner",), (1, 0): ("on the left side", "in the middle of the left edge"),
-    (1, 1): ("right in the centre", "in the very middle"), (1, 2): ("on the right side", "in the middle of the right edge"),
+    (1, 1): ("right in the centre", "in the very middle"),
+    (1, 2): ("on the right side", "in the middle of the right edge"),
     (2, 0): ("in the bottom left corner",), (2, 1): ("at the bottom in the centre", "in the middle of the bottom row"),
     (2, 2): ("in the bottom right corner",),
 }

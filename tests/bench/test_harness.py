@@ -24,8 +24,9 @@ def test_speedup_is_relative_to_the_first_method_and_mismatches_are_flagged():
     def fast():
         return RunResult([[1, 2, 3]], mean_accepted=3.0)
 
-    rows, outputs = run_benchmark([Method("base", slow), Method("fast", fast), Method("wrong", lambda: RunResult([[9]]))],
-                                  torch.device("cpu"), repeats=2, warmup=1, progress=False)
+    rows, outputs = run_benchmark(
+        [Method("base", slow), Method("fast", fast), Method("wrong", lambda: RunResult([[9]]))],
+        torch.device("cpu"), repeats=2, warmup=1, progress=False)
     assert rows[0].speedup == 1.0 and rows[1].speedup > 2.0
     assert [r.matched for r in rows] == [True, True, False]
     assert rows[1].mean_accepted == 3.0 and outputs["wrong"].rows == [[9]]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specmm.cli import main
+from specmm.image_ar.janus import stock_generate_problem
 
 
 def test_bench_image_ar_writes_report_with_every_method(tmp_path, monkeypatch):
@@ -112,6 +113,7 @@ def test_bench_image_ar_compile_adds_compiled_rows_and_a_compiled_ar_baseline(tm
     assert rows["ar, compiled (bs 2)"]["round_ms"] == {}
 
 
+@pytest.mark.skipif(bool(stock_generate_problem()), reason=str(stock_generate_problem()))
 def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, capsys, monkeypatch):
     from tests.image_ar.stock import janus_processor, tiny_janus
 
@@ -136,6 +138,7 @@ def test_bench_image_ar_on_a_janus_folder_compares_with_its_generate(tmp_path, c
     assert rows["sjd, compiled (bs 2)"]["matched"] and rows["sjd, compiled (bs 2)"]["compile_s"] > 0
 
 
+@pytest.mark.skipif(bool(stock_generate_problem()), reason=str(stock_generate_problem()))
 def test_bench_image_ar_on_a_janus_folder_reports_each_batch_size_and_resumes_after_the_last(tmp_path, monkeypatch):
     """Killed in its second batch size, the run has written the first's report (marked partial); --resume times
     only the second and writes the whole report; a run with other settings may not resume it."""
@@ -196,7 +199,11 @@ def test_bench_image_ar_on_an_emu3_folder_at_a_latent_size(tmp_path, monkeypatch
     tiny_janus(dtype=torch.float32).save_pretrained(janus)
     janus_processor().save_pretrained(janus)
     assert main(["bench", "image_ar", "--model", str(janus), "--latent-size", "2x2", "--out", str(out)]) == 2
-    assert "latent_size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    assert "--latent-size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    monkeypatch.setattr("specmm.image_ar.janus.stock_generate_problem", lambda: "HF's Janus generate is broken here")
+    assert main(["bench", "image_ar", "--model", str(janus), "--out", str(out)]) == 2  # no reference: refused
+    assert "--model: HF's Janus generate is broken here" in capsys.readouterr().err
+    monkeypatch.undo()
     assert main(["bench", "image_ar", "--latent-size", "2x2", "--out", str(out)]) == 2
     assert "--latent-size: for a stock generator folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -289,6 +296,7 @@ def test_bench_image_ar_dtype_puts_the_zoo_gpt_and_drafter_in_bf16_and_lossless_
     assert {p.dtype for p in models.lg.vq.parameters()} == {torch.float32}
 
 
+@pytest.mark.skipif(bool(stock_generate_problem()), reason=str(stock_generate_problem()))
 def test_bench_image_ar_on_a_janus_folder_samples_and_checks_lossless_rows_greedily(tmp_path, monkeypatch):
     """--temperature: HF's and specmm's rows sample (the same draws on every run: HF reseeded, specmm per-row
     generators), so no row is compared with HF's draws; each lossless row's greedy tokens are, GSD's are not."""

@@ -43,8 +43,8 @@ def test_bench_reports_every_method_in_both_schedules_and_exact_rows_reproduce_t
         step_level = [r for r in rows if "[core" not in r.name and "HF generate" not in r.name]
         assert all(0 < r.time_share["target"] + r.time_share["draft"] <= 1 for r in step_level)
         assert by_name["draft-only [lockstep]"].time_share["target"] == 0
-    assert [r.method for r in reports[0].rows if r.baseline] == ["target-only [lockstep]", "target-only [async, refill]",
-                                                                  "target-only (HF generate, batch 2)"]
+    assert [r.method for r in reports[0].rows if r.baseline] == [
+        "target-only [lockstep]", "target-only [async, refill]", "target-only (HF generate, batch 2)"]
     assert not any(r.compiled for r in reports[0].rows)  # eager unless setup.compile
     table = reports[0].table()
     for column in ("accuracy", "within 1 SE of target", "problems/s", "latency/problem s", "time % draft / target"):

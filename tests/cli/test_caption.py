@@ -55,7 +55,9 @@ def test_resume_of_another_job_is_refused_naming_what_differs(folders, tmp_path,
     assert caption(target, imgs, out) == 0
     before = out.read_bytes()
     assert caption(target, imgs, out, "--resume", "--prompt", "Name the shapes.") == 2
-    assert 'prompt: "Describe the picture in detail." -> "Name the shapes."' in capsys.readouterr().err
+    # the prompts as sent: each instruction in the zoo captioner's chat template (its training format)
+    assert 'prompt: "<image>\\nDescribe the picture in detail.\\n" -> "<image>\\nName the shapes.\\n"' in (
+        capsys.readouterr().err)
     assert caption(target, imgs, out, "--resume", "--max-new-tokens", "7") == 2
     assert "max_new_tokens: 6 -> 7" in capsys.readouterr().err
     assert out.read_bytes() == before

@@ -54,4 +54,4 @@ def test_distill_draft_refuses_bad_input_before_work(tiny_zoo, tmp_path, capsys)
     short = tmp_path / "short.txt"
     short.write_text("x = 1", encoding="utf-8")
     assert main(_args(code, short, tmp_path / "c")) == 2
-    assert "longer than" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert "too few for windows of --seq-len" in capsys.readouterr().err and not (tmp_path / "c").exists()

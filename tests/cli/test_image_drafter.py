@@ -92,7 +92,7 @@ def test_another_job_in_the_folder_and_bad_input_are_refused_before_work(janus, 
     assert main(args(folder, empty, tmp_path / "other")) == 2
     assert "holds no prompt" in capsys.readouterr().err
     assert main(args(folder, prompts, tmp_path / "other", "--latent-size", "2x2")) == 2
-    assert "latent_size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    assert "--latent-size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()  # refused before the job took the folder
     assert main(args(tmp_path / "missing", prompts, tmp_path / "other")) == 2
     assert not (tmp_path / "other" / "model.safetensors").exists()

@@ -73,7 +73,7 @@ def test_image_size_error_states_the_valid_size(tmp_path, capsys):
     args = [a if a != "8" else "17" for a in ARGS]  # --image-size 17
     assert main([*args, "--classes", "1", "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
-    assert "image_size: the only valid size for these checkpoints is 8 px" in err and "got 17" in err
+    assert "--image-size: the only valid size for these checkpoints is 8 px" in err and "got 17" in err
     assert not (tmp_path / "a").exists()
 
 

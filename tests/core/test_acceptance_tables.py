@@ -21,8 +21,9 @@ def chain_tree(drafts: list[list[int]], draft_probs: torch.Tensor | None = None)
     batch, k = len(drafts), len(drafts[0])
     nodes = torch.arange(k + 1).expand(batch, k + 1)
     tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), torch.tensor(drafts)], 1)
-    return DraftTree(tokens=tokens, parents=nodes - 1, depth=nodes.clone(), valid=torch.ones(batch, k + 1, dtype=torch.bool),
-                     max_depth=k, max_children=1, draft_probs=draft_probs)
+    return DraftTree(tokens=tokens, parents=nodes - 1, depth=nodes.clone(),
+                     valid=torch.ones(batch, k + 1, dtype=torch.bool), max_depth=k, max_children=1,
+                     draft_probs=draft_probs)
 
 
 def one_hot_logits(target: list[list[int]]) -> torch.Tensor:

@@ -48,7 +48,8 @@ def test_batch_streaming_gives_each_row_its_tokens_in_order():
     collector = Collector()
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)), tree=specmm.TreeSpec.chain(3))
     out = gen.generate(ids, attention_mask=mask, max_new_tokens=15, eos_token_id=None, streamer=collector)
-    assert collector.ended and [p.tolist() for p in collector.prompt] == [r[m.bool()].tolist() for r, m in zip(ids, mask)]
+    assert (collector.ended
+            and [p.tolist() for p in collector.prompt] == [r[m.bool()].tolist() for r, m in zip(ids, mask)])
     for row in range(3):
         streamed = torch.cat([chunk[row] for chunk in collector.chunks]).tolist()
         assert streamed == out.sequences[row, ids.shape[1]:].tolist()

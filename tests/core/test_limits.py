@@ -33,7 +33,7 @@ from transformers import (
 )
 
 import specmm
-from specmm.core.limits import position_limit
+from specmm.core.limits import position_limit, recurrent_state
 from specmm.drafters import ModelDrafter, PromptLookupDrafter
 from tests.conftest import VOCAB, left_padded_batch, perturbed_copy, tiny_model
 
@@ -213,19 +213,35 @@ STATE_MODELS = {
 
 @pytest.mark.parametrize("name", list(STATE_MODELS))
 def test_models_with_a_state_no_draft_can_be_cut_from_are_refused_as_target_and_drafter(name):
+    """Refused before any forward, naming the role and the class, whichever sign transformers gives of the state
+    (its flags and layer-type names differ across 5.x)."""
     build, kind = STATE_MODELS[name]
     model = build().eval()
-    message = {"recurrent": f"{type(model).__name__} keeps a recurrent state",
-               "encoder-decoder": f"{type(model).__name__} is an encoder-decoder model",
-               "positions": f"{type(model).__name__} counts positions from its cache length",
-               "conv": r"layer types \['conv'\] are not supported"}[kind]
-    with pytest.raises(ValueError, match=message):
+    forwards = counting(model)
+    cls = type(model).__name__
+    reason = {"recurrent": "recurrent state", "encoder-decoder": "encoder-decoder", "positions": "positions",
+              "conv": "conv"}[kind]
+    with pytest.raises(ValueError, match=rf"^target: {cls} .*{reason}"):
         specmm.SpeculativeGenerator(model, PromptLookupDrafter())
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=rf"^drafter: {cls} .*{reason}"):
         ModelDrafter(model)
     if kind == "recurrent":
-        with pytest.raises(ValueError, match=f"draft: {type(model).__name__} keeps a recurrent state"):
+        with pytest.raises(ValueError, match=rf"^draft: {cls} .*{reason}"):
             specmm.reasoning.StepSpeculator(tiny_model("llama"), model, tokenizer=None)
+    assert forwards == []
+
+
+@pytest.mark.parametrize("config, layer_types", [({"_is_stateful": True}, None), ({}, ["linear_attention"]),
+                                                 ({}, ["recurrent", "attention"]), ({}, ["full_attention"])],
+                         ids=["flag", "linear-attention", "recurrent-block", "attention-only"])
+def test_recurrent_state_reads_every_sign_transformers_has_given(config, layer_types):
+    model = tiny_model("llama")
+    if config:
+        model = type("FlaggedLlama", (type(model),), config)(model.config)
+    if layer_types is not None:
+        model.config.layers_block_type = layer_types
+    found = recurrent_state(model)
+    assert (found is None) == (layer_types == ["full_attention"])
 
 
 def test_no_tree_node_past_a_rows_token_budget_is_verified(monkeypatch):

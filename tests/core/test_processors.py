@@ -23,7 +23,7 @@ from transformers import (
 )
 
 import specmm
-from specmm.core.processors import History, TreeLogitsProcessor
+from specmm.core.processors import History, TreeLogitsProcessor, hf_skips_left_padding
 from specmm.core.tree import grow_tree
 from specmm.drafters import ModelDrafter, PromptLookupDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
@@ -165,7 +165,8 @@ def test_every_tree_node_is_processed_like_hf_after_its_own_sequence(case):
 
     width, changed = prompt.shape[1], 0
     for b in range(3):
-        hf = hf_processors(width, history.pad_before[b:b + 1], eos)
+        ignore = history.pad_before[b:b + 1] if hf_skips_left_padding() else None  # what this HF's generate passes
+        hf = hf_processors(width, ignore, eos)
         for node in range(tree.num_nodes):
             path = tree.path_to(torch.tensor([node]).expand(3))[b, 1: int(tree.depth[b, node]) + 1]
             sequence = torch.cat([history.tokens[b, : history.lengths[b]], tree.tokens[b, path]])[None]

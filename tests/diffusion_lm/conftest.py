@@ -21,8 +21,8 @@ def one_thread():
 def tiny_dlm(seed: int = 0, std: float = 0.5, **overrides) -> MaskedDiffusionLM:
     """A random float64 LLaDA-layout model; larger `std` gives sharper, more state-dependent predictions."""
     config = LLaDAConfig(**{"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "mlp_hidden_size": 48,
-                                   "vocab_size": VOCAB, "mask_token_id": MASK, "eos_token_id": 0, "max_sequence_length": 96,
-                                   "rope_theta": 10000.0, **overrides})
+                            "vocab_size": VOCAB, "mask_token_id": MASK, "eos_token_id": 0, "max_sequence_length": 96,
+                            "rope_theta": 10000.0, **overrides})
     return MaskedDiffusionLM(config).init_weights(std=std, seed=seed).double().eval()
 
 

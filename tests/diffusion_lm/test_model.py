@@ -50,7 +50,8 @@ def reference_logits(state: dict, ids: torch.Tensor, c: dict) -> torch.Tensor:
     def norm(x, weight):
         return weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c["rms_norm_eps"])
 
-    angles = torch.arange(t, dtype=torch.float64)[:, None] * c["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    angles = (torch.arange(t, dtype=torch.float64)[:, None]
+              * c["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd))
 
     def rope(x):  # pairs (i, i + hd/2) rotate together
         z = torch.complex(x[..., : hd // 2], x[..., hd // 2:]) * torch.polar(torch.ones_like(angles), angles)

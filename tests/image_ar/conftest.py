@@ -5,7 +5,8 @@ import torch
 
 from specmm.image_ar import LlamaGen
 
-TINY_VQ = {"codebook_size": 64, "codebook_embed_dim": 8, "ch": 32, "ch_mult": [1, 2], "z_channels": 32, "num_res_blocks": 1}
+TINY_VQ = {"codebook_size": 64, "codebook_embed_dim": 8, "ch": 32, "ch_mult": [1, 2], "z_channels": 32,
+           "num_res_blocks": 1}
 
 
 def tiny_llamagen(vocab: int = 64, block: int = 16, seed: int = 0, dtype=torch.float32, **gpt) -> LlamaGen:

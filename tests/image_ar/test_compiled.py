@@ -63,7 +63,8 @@ def test_compiled_relaxed_rules_sample_the_same_tokens_as_eager(lg, method):
             sampler = ImageSampler(lg, proposer=drafter, acceptance=Lantern(k=4, delta=0.2), compile=compile,
                                    tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8))
         else:
-            sampler = ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=5, p_gap=0.5), window=6, compile=compile)
+            sampler = ImageSampler(lg, proposer="jacobi", acceptance=GSD(window=5, p_gap=0.5), window=6,
+                                   compile=compile)
         gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
         return sampler, sampler.sample(CONDITIONS, cfg_scale=2.0, top_k=16, generator=gens, decode=False)
 

@@ -39,7 +39,8 @@ def tiny_emu3(codes: int, seed: int, dtype=torch.float64) -> Emu3ForConditionalG
     vq = dict(codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 1],
               num_res_blocks=1, attn_resolutions=[], temporal_downsample_factor=1, hidden_size=32)
     torch.manual_seed(seed)
-    return Emu3ForConditionalGeneration(Emu3Config(text_config=text, vq_config=vq, vocabulary_map=vocab)).eval().to(dtype)
+    return Emu3ForConditionalGeneration(
+        Emu3Config(text_config=text, vq_config=vq, vocabulary_map=vocab)).eval().to(dtype)
 
 
 def tiny_processor(model) -> Emu3Processor:
@@ -220,7 +221,8 @@ def test_relaxed_rules_at_zero_knobs_equal_exact(greedy_setup, relaxed, proposer
         torch.manual_seed(0)
         p = ImageDrafter.for_target(image_model.lm) if proposer == "drafter" else "jacobi"
         sampler = ImageSampler(image_model, proposer=p, acceptance=rule, window=4,
-                               tree=TreeSpec.dynamic(depth=2, top_k=2, total_tokens=5) if proposer == "drafter" else None)
+                               tree=(TreeSpec.dynamic(depth=2, top_k=2, total_tokens=5)
+                                     if proposer == "drafter" else None))
         gens = [torch.Generator().manual_seed(10 + i) for i in range(2)]
         return sampler.sample(prompt, cfg_scale=SCALE, temperature=1.0, caption_mask=mask, generator=gens,
                               decode=False)
@@ -246,7 +248,9 @@ def test_for_model_with_processor_equals_generate_from_processor_inputs(greedy_s
     model = greedy_setup[0].emu3
     processor = tiny_processor(model)
     texts = ["abc", "defgh"]
-    inputs = processor(text=texts, padding=True, return_tensors="pt", return_for_image_generation=True)
+    # the size asked in the call too: transformers before 5.24 reads it there, not from the processor's attributes
+    inputs = processor(text=texts, padding=True, return_tensors="pt", return_for_image_generation=True,
+                       ratio=processor.ratio, image_area=processor.image_area)
     assert inputs.pop("image_sizes") == [[HEIGHT, WIDTH]] * 2
     reference = model.generate(**inputs, max_new_tokens=(WIDTH + 1) * HEIGHT + 3, do_sample=False,
                                prefix_allowed_tokens_fn=allowed_fn(model), guidance_scale=SCALE)

@@ -18,7 +18,7 @@ from transformers.generation.logits_process import (
 
 from specmm.core.tree import TreeSpec
 from specmm.image_ar import GSD, ImageDrafter, ImageSampler, Lantern
-from specmm.image_ar.janus import JanusImageModel
+from specmm.image_ar.janus import JanusImageModel, stock_generate_problem
 
 from .stock import janus_processor, tiny_janus
 from .test_sampler_distribution import assert_images_match
@@ -34,6 +34,8 @@ def janus():
 
 @pytest.fixture(scope="module")
 def hf_greedy(janus):
+    if stock_generate_problem():
+        pytest.skip(stock_generate_problem())
     model, processor = janus
     inputs = processor(text=PROMPTS, generation_mode="image", padding=True, return_tensors="pt")
     assert not bool(inputs["attention_mask"].all())  # really ragged
@@ -186,7 +188,7 @@ def test_cli_samples_a_janus_folder_with_resume_and_grid(janus, tmp_path, capsys
     assert main([*args[:-2], "--negative-prompt", "blurry", "--out", str(tmp_path / "x")]) == 2
     assert "--negative-prompt: JanusForConditionalGeneration takes no negative prompt" in capsys.readouterr().err
     assert main([*args[:-2], "--latent-size", "2x2", "--out", str(tmp_path / "x")]) == 2
-    assert "latent_size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
+    assert "--latent-size: JanusForConditionalGeneration generates images of one size" in capsys.readouterr().err
     assert not list((tmp_path / "x").glob("*.png"))
 
 

@@ -80,7 +80,8 @@ def test_relaxed_rules_at_zero_knobs_equal_exact_when_sampling(lg, relaxed, prop
     def run(rule):
         p = ImageDrafter.for_target(lg.gpt) if proposer == "drafter" else "jacobi"
         sampler = ImageSampler(lg, proposer=p, acceptance=rule, window=6,
-                               tree=TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8) if proposer == "drafter" else None)
+                               tree=(TreeSpec.dynamic(depth=3, top_k=3, total_tokens=8)
+                                     if proposer == "drafter" else None))
         gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
         return sampler.sample(CONDITIONS, cfg_scale=2.0, temperature=1.0, top_k=16, generator=gens, decode=False)
 

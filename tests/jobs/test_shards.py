@@ -1,6 +1,7 @@
 """Jobs under `accelerate launch --num_processes 2` on CPU (gloo): `caption`, `sample-images`, `reason` and
 `sample-continuous` write byte for byte what a single-process run writes, and a SIGKILL of one rank followed by
-`--resume` with one process loses and repeats nothing. (Each launch starts two interpreters: the four jobs share one launch.)"""
+`--resume` with one process loses and repeats nothing.
+(Each launch starts two interpreters: the four jobs share one launch.)"""
 
 from __future__ import annotations
 

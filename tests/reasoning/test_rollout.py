@@ -84,8 +84,9 @@ def reward_model(vocab: int):
 def test_reward_threshold_decides_on_the_scorers_own_output():
     tokenizer, target, draft = models()
     scorer = reward_model(len(tokenizer))
-    run = lambda policy: StepSpeculator(target, draft, tokenizer, policy, delimiter=step_ids(tokenizer),
-                                        max_step_tokens=6).generate(prompts(2), max_new_tokens=18)
+    def run(policy):
+        return StepSpeculator(target, draft, tokenizer, policy, delimiter=step_ids(tokenizer),
+                              max_step_tokens=6).generate(prompts(2), max_new_tokens=18)
     keep_all, keep_none = run(RewardThreshold(scorer, -math.inf)), run(RewardThreshold(scorer, math.inf))
     assert torch.equal(keep_all.completion_ids, run(DraftOnly()).completion_ids)
     assert torch.equal(keep_none.completion_ids, run(TargetOnly()).completion_ids)

@@ -2,7 +2,8 @@
 
 HF's torch path computes the SSM scan in float32 even for float64 models (it calls `.float()` on x, B, C and
 A), so logits and SSM states are compared to HF within float32 rounding (1e-5); conv states are raw inputs
-and match to 1e-12 in the first mixer layer. The float64 exactness of the tree math itself is pinned in test_tree_scan.py (1e-10).
+and match to 1e-12 in the first mixer layer. The float64 exactness of the tree math itself is pinned in
+test_tree_scan.py (1e-10).
 For Falcon-H1 and GraniteMoeHybrid the whole model is also checked in float64: HF's forward of each path with only
 its mixers' scan swapped for the float64 recurrence (attention, MoE and every multiplier stay HF's), to 1e-8.
 """
@@ -52,7 +53,10 @@ def hf_states(model, ids: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch
     """conv [C, K] and SSM [H, P, N] states of an HF cached forward over ids [1, L]."""
     out = model(ids, use_cache=True)
     cache = out.cache_params if hasattr(out, "cache_params") and out.cache_params is not None else out.past_key_values
-    return cache.get_conv_state(layer)[0], cache.get_recurrent_state(layer)[0]
+    if hasattr(cache, "get_conv_state"):
+        return cache.get_conv_state(layer)[0], cache.get_recurrent_state(layer)[0]
+    states = cache.layers[layer]  # transformers before 5.24: the layer's states by index
+    return states.conv_states[0][0], states.recurrent_states[0][0]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

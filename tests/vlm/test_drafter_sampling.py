@@ -41,8 +41,8 @@ def test_sampled_vispec_joint_distribution_matches_target():
         text = VOCAB - 1  # every token but the image token (which has no mass first)
         both = torch.cat([prompt.expand(text, -1), torch.arange(text)[:, None]], 1)
         second = torch.zeros(VOCAB, VOCAB)
-        second[:text] = process_logits(model(input_ids=both, pixel_values=pixels.expand(text, -1, -1, -1)).logits[:, -1],
-                                       SAMPLING)  # [V-1, V]
+        second[:text] = process_logits(
+            model(input_ids=both, pixel_values=pixels.expand(text, -1, -1, -1)).logits[:, -1], SAMPLING)  # [V-1, V]
     joint = (first[:, None] * second).double()
 
     torch.manual_seed(0)

@@ -56,7 +56,8 @@ def family_case(family: str):
     model = model.to(torch.float32)
     with torch.no_grad():
         head = model.get_output_embeddings().weight
-        head.normal_(0, 0.05 if family in ("gemma3", "internvl") else 0.3)  # logits of a few units: spread distributions
+        # logits of a few units: spread distributions
+        head.normal_(0, 0.05 if family in ("gemma3", "internvl") else 0.3)
         head[IMAGE] = -head[:IMAGE].mean(0) * 4  # the image token (almost) never sampled
     return model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), **inputs)
 

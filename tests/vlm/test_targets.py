@@ -227,7 +227,8 @@ def test_prefill_returns_stock_features_merged_embeddings_and_image_mask(family)
     assert out.features.shape == out.inputs_embeds.shape == (*ids[:, :-1].shape, 32)
     assert torch.equal(out.extras["image_mask"], image_rows[:, :-1])
     assert torch.allclose(out.inputs_embeds[valid], embeds[:, :-1][valid])
-    assert torch.allclose(out.features[valid], stock.last_hidden_state[:, :-1][valid], atol=1e-6)  # norms run in float32
+    assert torch.allclose(out.features[valid], stock.last_hidden_state[:, :-1][valid],
+                          atol=1e-6)  # norms run in float32
     if family == "qwen2_5_vl":
         deltas = out.extras["rope_deltas"]
         assert deltas.shape == (3, 1) and len(set(deltas.flatten().tolist())) > 1  # per-row M-RoPE deltas

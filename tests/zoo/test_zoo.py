@@ -72,7 +72,8 @@ def test_built_entry_reloads_with_from_pretrained_and_generates(home):
         models.tokenizer(models.prompts[:2], return_tensors="pt", padding=True))
     reference = models.target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10,
                                        pad_token_id=models.tokenizer.pad_token_id, eos_token_id=None)
-    out = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft), tree=specmm.TreeSpec.chain(3)).generate(
+    out = specmm.SpeculativeGenerator(models.target, ModelDrafter(models.draft),
+                                      tree=specmm.TreeSpec.chain(3)).generate(
         ids, attention_mask=mask, max_new_tokens=10, pad_token_id=models.tokenizer.pad_token_id)
     assert torch.equal(out.sequences, reference)
 
@@ -173,5 +174,6 @@ def test_a_second_concurrent_build_is_refused(home):
 
     dest = store.entry_dir("code", "tiny")
     with OutputLock(store.lock_path(dest)):
-        with pytest.raises(JobLockedError, match=r"zoo build: .*code-tiny is being written by another specmm job \(PID"):
+        with pytest.raises(JobLockedError,
+                           match=r"zoo build: .*code-tiny is being written by another specmm job \(PID"):
             zoo.build("code", "tiny", progress=False)

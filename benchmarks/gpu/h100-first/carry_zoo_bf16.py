@@ -1,6 +1,7 @@
 """Store the large weight files of the zoo copies in .gpucarry/zoo as bfloat16 and rewrite their zoo.json (sizes and
 hashes), so the builds fit the device tool's 64 MiB transfer. The benches load them with --dtype bfloat16, which
-rounds float32 weights to the same values. Run by prepare.sh: `python carry_zoo_bf16.py [text|media] [ZOO_FOLDER]` (default .gpucarry/zoo)."""
+rounds float32 weights to the same values. Run by prepare.sh: `python carry_zoo_bf16.py [text|media] [ZOO_FOLDER]`
+(default .gpucarry/zoo)."""
 
 import sys
 from pathlib import Path

@@ -7,5 +7,6 @@ from specmm.bench.suite.run import BenchRunner, SuiteConfig, run_suite, step_don
 from specmm.bench.suite.steps import STEPS, Step, select_steps
 from specmm.bench.suite.summary import ANCHORS, summary_markdown, write_summary
 
-__all__ = ["ANCHORS", "PEAK_BANDWIDTH_TBPS", "BenchRunner", "STEPS", "Step", "SuiteConfig", "bandwidth_fraction", "gpu_info",
+__all__ = ["ANCHORS", "PEAK_BANDWIDTH_TBPS", "BenchRunner", "STEPS", "Step", "SuiteConfig", "bandwidth_fraction",
+           "gpu_info",
            "peak_bandwidth", "run_suite", "select_steps", "step_done", "summary_markdown", "write_summary"]

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import torch
 
+from specmm.bench.report import TINY_WARNING
 from specmm.bench.suite.bandwidth import bandwidth_fraction, gpu_info
 from specmm.bench.suite.steps import TINY, Step
 from specmm.machine import machine_info
-
-TINY_WARNING = ("TINY SCALE: a machinery check (models of a few thousand parameters, a few training steps, one "
-                "prompt, a few tokens). Every figure below is meaningless as a measure of speed or quality.")
 
 
 def bench_reports(folder: Path, files: list[str]) -> list[tuple[str, dict]]:
@@ -100,8 +98,10 @@ def markdown(record: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['report']} | {r['method']} | FAILED: {r['error'].replace('|', '/')} | | | | |")
             continue
-        lines.append(f"| {r['report']} | {r['method']} | {r['tokens_per_s']:.1f} | {_f(r['speedup_vs_best_ar'], '.2f', 'x')}"
-                     f" | {_f(r['mean_accepted'])} | {_f(r['overhead_efficiency'])} | {'yes' if r['compiled'] else 'no'} |")
+        lines.append(f"| {r['report']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+                     f"{_f(r['speedup_vs_best_ar'], '.2f', 'x')}"
+                     f" | {_f(r['mean_accepted'])} | {_f(r['overhead_efficiency'])} | "
+                     f"{'yes' if r['compiled'] else 'no'} |")
     lines += ["", "overhead eff. = speedup vs best AR / mean accepted tokens per target forward (1.00: a "
               "speculative round costs one plain decoding step). Benches without a baseline row compare with "
               "their first row.", "", "## Memory-bandwidth limit of plain decoding (batch 1)", "",

@@ -3,6 +3,8 @@ bench's reports into the output folder and writes its own step report last (the 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -84,6 +86,20 @@ def bench_argv(step: Step, config: SuiteConfig, options: set[str], out: Path) ->
     return argv, mode
 
 
+class Relocated(io.TextIOBase):
+    """A text stream that writes to `stream` with every `old` path replaced by `new`."""
+
+    def __init__(self, stream, old: str, new: str):
+        self.stream, self.old, self.new = stream, old, new
+
+    def write(self, text: str) -> int:
+        self.stream.write(text.replace(self.old, self.new))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def _move_into(staging: Path, out: Path) -> list[str]:
     """Move every file the bench wrote into `out` (renames within one file system: atomic); returns their names."""
     moved = []
@@ -109,7 +125,8 @@ def run_step(step: Step, config: SuiteConfig, runner: BenchRunner) -> dict:
         zoo.build(name, config.scale, progress=config.progress)
         builds[name] = round(time.perf_counter() - t0, 1)
     build_s = time.perf_counter() - started
-    runner.run(argv)
+    with contextlib.redirect_stdout(Relocated(sys.stdout, str(staging), str(config.out))):
+        runner.run(argv)  # the bench's own lines name the files where they will be, not the staging folder
     bench_s = time.perf_counter() - started - build_s
     files = _move_into(staging, config.out)
     shutil.rmtree(staging, ignore_errors=True)
@@ -144,7 +161,7 @@ def run_suite(steps: list[Step], config: SuiteConfig, runner: BenchRunner) -> di
                 print(f"[suite] {step.name}: FAILED ({type(err).__name__}: {err})", file=sys.stderr)
                 continue
             outcomes[step.name] = "done"
-            print(f"[suite] {step.name}: done in {record['timing']['total_s']:.0f} s; wrote "
+            print(f"[suite] {step.name}: done in {record['timing']['total_s']:.1f} s; wrote "
                   f"{', '.join(record['files'])}")
             write_summary(config.out, tiny=config.scale == TINY)
         write_summary(config.out, tiny=config.scale == TINY)

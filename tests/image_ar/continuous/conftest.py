@@ -8,8 +8,8 @@ from specmm.image_ar.continuous import ContinuousAR, ContinuousARConfig
 
 
 def tiny_config(**overrides) -> ContinuousARConfig:
-    base = {"token_dim": 2, "grid": 2, "num_classes": 3, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "head": "gaussian",
-                "head_width": 16, "head_depth": 1, "diffusion_steps": 1, "beta_schedule": "linear"}
+    base = {"token_dim": 2, "grid": 2, "num_classes": 3, "hidden_size": 16, "num_layers": 1, "num_heads": 2,
+            "head": "gaussian", "head_width": 16, "head_depth": 1, "diffusion_steps": 1, "beta_schedule": "linear"}
     return ContinuousARConfig(**{**base, **overrides})
 
 

@@ -27,7 +27,8 @@ def test_distilling_raises_acceptance():
     labels = torch.arange(64) % 3
 
     def acceptance() -> float:
-        out = CSpDSampler(target, draft.eval(), draft_tokens=2).sample(labels, generator=torch.Generator().manual_seed(0))
+        out = CSpDSampler(target, draft.eval(), draft_tokens=2).sample(
+            labels, generator=torch.Generator().manual_seed(0))
         return out.stats.continuous.acceptance_rate
 
     before = acceptance()

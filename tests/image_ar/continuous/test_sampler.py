@@ -73,7 +73,8 @@ def test_same_seed_gives_the_same_images():
     assert torch.equal(first, second) and not torch.equal(first, sampler.sample(torch.arange(4) % 3).tokens)
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [({"draft_tokens": 0}, "draft_tokens"), ({"prefill_tokens": 5}, "prefill_tokens"),
+@pytest.mark.parametrize(("kwargs", "name"), [({"draft_tokens": 0}, "draft_tokens"),
+                                              ({"prefill_tokens": 5}, "prefill_tokens"),
                                               ({"rule": "greedy"}, "rule"), ({"max_proposals": 0}, "max_proposals"),
                                               ({"proposals_per_round": 0}, "proposals_per_round")])
 def test_bad_sampler_arguments_are_value_errors(kwargs, name):
@@ -86,7 +87,8 @@ def test_bad_sampler_arguments_are_value_errors(kwargs, name):
 def test_a_draft_of_another_family_is_rejected(field):
     value = {"token_dim": 3, "grid": 3, "diffusion_steps": 2, "order": "random"}[field]
     with pytest.raises(ValueError, match=f"draft: its {field}"):
-        CSpDSampler(tiny_model(head="ddpm", diffusion_steps=1), tiny_model(head="ddpm", **{"diffusion_steps": 1, field: value}))
+        CSpDSampler(tiny_model(head="ddpm", diffusion_steps=1),
+                    tiny_model(head="ddpm", **{"diffusion_steps": 1, field: value}))
 
 
 @pytest.mark.parametrize(("labels", "temperature", "name"), [(torch.tensor([0, 3]), 1.0, "labels"),

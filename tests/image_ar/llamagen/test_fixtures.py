@@ -37,8 +37,9 @@ def test_cached_target_logits_match_upstream(kind):
     first = condition(target, expected["cond"], 1.0, max_nodes=16)
     tokens = expected["tokens"]
     batch, n = tokens.shape
-    chain = DraftTree(tokens=tokens, parents=torch.arange(n).expand(batch, n) - 1, depth=torch.arange(n).expand(batch, n),
-                      valid=torch.ones(batch, n, dtype=torch.bool), max_depth=n - 1, max_children=1)
+    chain = DraftTree(tokens=tokens, parents=torch.arange(n).expand(batch, n) - 1,
+                      depth=torch.arange(n).expand(batch, n), valid=torch.ones(batch, n, dtype=torch.bool),
+                      max_depth=n - 1, max_children=1)
     logits = torch.cat([first[:, None], target.verify(chain).logits[:, :-1]], 1)
     torch.testing.assert_close(logits, expected["logits"], atol=1e-4, rtol=0)
 
