@@ -121,7 +121,7 @@ def option_names(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, 
         for action in current._actions:
             if not isinstance(action, argparse._SubParsersAction):
                 longs = [o for o in action.option_strings if o.startswith("--")] or action.option_strings
-                names.setdefault(action.dest, longs[0] if longs else (action.metavar or action.dest).upper())
+                names[action.dest] = longs[0] if longs else (action.metavar or action.dest).upper()  # deepest wins
         sub = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
         word = next((w for w in words if sub is not None and w in sub.choices), None)
         if word is None:

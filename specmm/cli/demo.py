@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specmm.cli.common import default_device, scale_argument
+from specmm.cli.common import default_device, device_arg, scale_argument
 
 
 def cmd_demo(args) -> int:
@@ -17,8 +17,9 @@ def add_parser(sub) -> None:
     scale_argument(demo)
     demo.add_argument("--all", action="store_true",
                       help="also build (once) and run every section whose zoo entries are not built yet")
-    demo.add_argument("--device", default=default_device())
-    demo.add_argument("--out", default="demo_report.html")
+    demo.add_argument("--device", type=device_arg, default=default_device(),
+                      help="torch device the models run on")
+    demo.add_argument("--out", default="demo_report.html", help="the HTML report (inputs, outputs, tables)")
     demo.set_defaults(func=cmd_demo)
 
 
