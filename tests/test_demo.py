@@ -4,6 +4,7 @@ baselines, and prints compile time apart; an unbuilt section is skipped, not bui
 from __future__ import annotations
 
 from specmm import zoo
+from specmm.bench.report import TINY_WARNING
 from specmm.demo import run_demo
 
 
@@ -19,7 +20,9 @@ def test_demo_runs_the_headline_and_skips_unbuilt_sections(tmp_path, monkeypatch
     printed = capsys.readouterr().out
     assert "compile time (untimed warm-up" in printed and "the best target-only row" in printed
     page = (tmp_path / "demo.html").read_text()
-    assert "Captioning" in page and "Skipped" in page and "specmm zoo build code" in printed
+    assert "Captioning" in page and "Skipped" in page and "specmm zoo build code --scale tiny" in printed
+    assert "specmm demo --scale tiny --all" in printed  # the hints keep the scale they ran at
+    assert printed.startswith(TINY_WARNING) and TINY_WARNING in page  # the one banner of tiny-scale output
     assert "speedup vs best AR" in page
     built = sorted(p.name for p in (tmp_path / "home" / "zoo").iterdir() if not p.name.startswith("."))  # not locks
     assert built == ["captioner-tiny", "captioner-vispec-tiny"]
