@@ -82,11 +82,11 @@ class EosCriterion:
 
 
 def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor, rounds: Tensor, histogram: Tensor,
-                 alive: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor | int, pad: int) -> Tensor:
+                 alive: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor | int, pad: Tensor | int) -> Tensor:
     """Compiled mode's `_record` (rows never leave the batch; EOS the only criterion): write each live row's kept
     tokens of the round into `out` and update `counts`, `rounds`, `histogram` and `alive` in place; returns take
-    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None; max_new_tokens: [] or an
-    int."""
+    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None; max_new_tokens and pad: []
+    or ints."""
     remaining = max_new_tokens - counts  # [B]
     take = torch.where(alive, torch.minimum(num_accepted + 1, remaining), 0)
     histogram += (torch.nn.functional.one_hot(num_accepted, histogram.numel()) * (take > 0)[:, None]).sum(0)
@@ -120,14 +120,14 @@ def undecorated_step(cls: type) -> Callable:
 
 def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingConfig, generators: Generators,
                    alive: Tensor, history: History | None, out: Tensor, counts: Tensor, rounds: Tensor,
-                   histogram: Tensor, moved: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor, pad: int
+                   histogram: Tensor, moved: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor, pad: Tensor
                    ) -> tuple[RoundOutput, Tensor]:
     """Compiled mode's round with its bookkeeping, so that one compiled graph does both (rows never leave the batch;
     EOS the only criterion): 1. the round step; 2. `record_round` (tokens into `out`, counters, `alive`, in place);
     3. the moved mass of the kept drafts into `moved` []; 4. the stop flags [2] (every row done, any verify logits
     non-finite), which the loop reads in its one host sync. Outside a compiled graph each part runs compiled on its
     own. alive, counts, rounds: [B]; out: [B, bucketed max_new_tokens + D + 1]; histogram: [D + 1]; eos_ids: [E] or
-    None; max_new_tokens: [] (a value of the state, so that every budget shares the graph)."""
+    None; max_new_tokens, pad: [] (values of the state, so that every budget and pad id share the graph)."""
     result = undecorated_step(type(gen))(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
     take = compiled_helper(record_round)(result.new_tokens, result.num_accepted, out, counts, rounds, histogram, alive,
                                          eos_ids, max_new_tokens, pad)
@@ -407,11 +407,13 @@ class SpeculativeGenerator:
         # under CUDA graphs the round's state keeps its addresses across generations (other modes: as allocated)
         mode = None if self._plan is None else self._plan.mode
         keep = functools.partial(resident, owner_of(self.target), mode=mode)
-        # the budget is a value of the round's state, not a constant of its graph: another budget compiles nothing new
+        # the budget and the pad id are values of the round's state, not constants of its graph: a generation with
+        # another of either compiles nothing new
         budget = torch.full((), max_new_tokens, dtype=torch.long, device=device)
-        out, counts, rounds, histogram, moved, budget = (keep(name, value) for name, value in (
+        pad_id = torch.full((), pad, dtype=torch.long, device=device)
+        out, counts, rounds, histogram, moved, budget, pad_id = (keep(name, value) for name, value in (
             ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved),
-            ("budget", budget)))
+            ("budget", budget), ("pad", pad_id)))
         self.timer = RoundTimer(device) if self.profile else None
         if self.timer is not None:
             self.timer.reset()
@@ -433,7 +435,7 @@ class SpeculativeGenerator:
             while True:
                 history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
                 result, flags = step(roots, sampling, generators, alive, history, out, counts, rounds, histogram,
-                                     moved, eos, budget, pad)
+                                     moved, eos, budget, pad_id)
                 step, roots = later_step, result.next_token
                 stats.target_forwards += 1
                 all_done, any_bad = flags.tolist()  # compiled mode's one host sync per round

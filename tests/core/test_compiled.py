@@ -172,25 +172,29 @@ def test_a_greedy_compiled_generation_runs_its_first_round_through_the_later_rou
     assert outs[0].stats.target_forwards > 2 and graphs == 1, f"{kind}: {graphs} graphs"
 
 
-def test_another_budget_in_the_same_bucket_compiles_nothing_new(capture_only):
-    """max_new_tokens is a value of the round's state, not a constant of its graph: a server that varies it within
-    a length bucket (here 10 and 13, both under 16 slots) reuses the one graph; tokens stay `generate`'s."""
+def test_another_budget_or_pad_id_compiles_nothing_new(capture_only):
+    """max_new_tokens and the pad id are values of the round's state, not constants of its graph: a server that
+    varies the budget within a length bucket (here 10 and 13, both under 16 slots) or the pad id reuses the one
+    graph; tokens stay `generate`'s."""
     target = tiny_model("llama")
     gen = specmm.SpeculativeGenerator(target, ModelDrafter(perturbed_copy(target, 0.3)),
                                       tree=specmm.TreeSpec.chain(3), compile=True)
     ids, mask = left_padded_batch([1, 7, 4], seed=5)
     outs = {}
 
-    def run(budget: int) -> None:
-        outs[budget] = gen.generate(ids, attention_mask=mask, max_new_tokens=budget, pad_token_id=0)
+    def run(budget: int, pad: int = 0) -> None:
+        outs[budget, pad] = gen.generate(ids, attention_mask=mask, max_new_tokens=budget, pad_token_id=pad,
+                                         eos_token_id=None)
 
     assert graphs_made(lambda: run(10)) == 1
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     run(13)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before, "a new budget compiled a new graph"
-    for budget, out in outs.items():
-        reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=budget, pad_token_id=0)
-        assert torch.equal(out.sequences, reference), budget
+    run(13, pad=5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before, "a new budget or pad compiled a graph"
+    for (budget, pad), out in outs.items():
+        reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=budget,
+                                    pad_token_id=pad, eos_token_id=None)
+        assert torch.equal(out.sequences, reference), (budget, pad)
 
 
 def test_a_compiled_round_makes_at_most_one_host_sync(capture_only):
