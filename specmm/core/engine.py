@@ -85,7 +85,7 @@ def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor,
                  alive: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor | int, pad: Tensor | int) -> Tensor:
     """Compiled mode's `_record` (rows never leave the batch; EOS the only criterion): write each live row's kept
     tokens of the round into `out` and update `counts`, `rounds`, `histogram` and `alive` in place; returns take
-    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None; max_new_tokens and pad: []
+    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None; max_new_tokens and pad: [1]
     or ints."""
     remaining = max_new_tokens - counts  # [B]
     take = torch.where(alive, torch.minimum(num_accepted + 1, remaining), 0)
@@ -127,7 +127,7 @@ def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingC
     3. the moved mass of the kept drafts into `moved` []; 4. the stop flags [2] (every row done, any verify logits
     non-finite), which the loop reads in its one host sync. Outside a compiled graph each part runs compiled on its
     own. alive, counts, rounds: [B]; out: [B, bucketed max_new_tokens + D + 1]; histogram: [D + 1]; eos_ids: [E] or
-    None; max_new_tokens, pad: [] (values of the state, so that every budget and pad id share the graph)."""
+    None; max_new_tokens, pad: [1] (values of the state, so that every budget and pad id share the graph)."""
     result = undecorated_step(type(gen))(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
     take = compiled_helper(record_round)(result.new_tokens, result.num_accepted, out, counts, rounds, histogram, alive,
                                          eos_ids, max_new_tokens, pad)
@@ -409,8 +409,8 @@ class SpeculativeGenerator:
         keep = functools.partial(resident, owner_of(self.target), mode=mode)
         # the budget and the pad id are values of the round's state, not constants of its graph: a generation with
         # another of either compiles nothing new
-        budget = torch.full((), max_new_tokens, dtype=torch.long, device=device)
-        pad_id = torch.full((), pad, dtype=torch.long, device=device)
+        budget = torch.full((1,), max_new_tokens, dtype=torch.long, device=device)  # [1]: no 0-d scalar input
+        pad_id = torch.full((1,), pad, dtype=torch.long, device=device)
         out, counts, rounds, histogram, moved, budget, pad_id = (keep(name, value) for name, value in (
             ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved),
             ("budget", budget), ("pad", pad_id)))
