@@ -110,11 +110,11 @@ def vlm_methods(models, drafters: dict, enc: dict, setup: VLMBenchSetup, tempera
     if setup.hf_static:
         methods.append(Method(f"target-only (HF generate, static cache + torch.compile, batch {batch})",
                               target_only(True), baseline=True, compiled=True))
-    if draft is not None and setup.assisted:
-        methods.append(Method(f"HF assisted, draft LM k={setup.assisted_k} (row by row)", hf_assisted))
     for mode in setup.modes:
         for name in drafters:
             methods += [speculative(name, tree, mode) for tree in _trees_for(drafters[name], setup)]
+    if draft is not None and setup.assisted:  # last: where it fails (transformers 5.17 on a VLM), nothing runs after
+        methods.append(Method(f"HF assisted, draft LM k={setup.assisted_k} (row by row)", hf_assisted))
     return methods
 
 
