@@ -205,13 +205,12 @@ def cmd_reason(args) -> int:
 
     if args.refill and args.schedule != "async":
         raise ValueError("--refill: waiting prompts join a running batch only with --schedule async")
-    if args.max_new_tokens is None:
+    if args.target:
+        args.max_new_tokens = args.max_new_tokens or 1024
+    else:  # the zoo's context is known before its models are built: refuse before any training
         from specmm.zoo import chainarith
 
-        args.max_new_tokens = 1024 if args.target else chainarith.MAX_NEW_TOKENS
-    if not args.target:  # the zoo's context is known before its models are built: refuse before any training
-        from specmm.zoo import chainarith
-
+        args.max_new_tokens = args.max_new_tokens or chainarith.MAX_NEW_TOKENS
         check_budget(args.max_new_tokens, chainarith.CONTEXT, "--max-new-tokens", 1)
     threshold = policy_threshold(args.policy, args.threshold)
     out = check_file_output(args.out, args.resume, args.force, "--out")

@@ -23,6 +23,7 @@ how often they are accepted (a draft model that knows the target's rules no long
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -85,15 +86,15 @@ def resolve_special_tokens(model: Any, eos_token_id: int | Sequence[int] | None,
             pad_token_id = int(pad_token_id)
     return eos_token_id, pad_token_id
 
-
-
+@functools.cache
 def hf_skips_left_padding() -> bool:
     """Whether the installed transformers' `generate` keeps left padding out of the repetition penalty (it passes
     `prompt_ignore_length` per row from 5.24 on; 5.17 penalises the pad columns as tokens). specmm follows the
     installed version, so greedy outputs equal its `generate` either way."""
     from transformers.generation.utils import GenerationMixin
 
-    return "prompt_ignore_length" in inspect.getsource(GenerationMixin._get_logits_processor)
+    return "prompt_ignore_length" in inspect.getsource(GenerationMixin._get_logits_processor)  # read once
+
 
 @dataclass
 class History:

@@ -10,6 +10,7 @@ the core `ModelRunner` (4-D masks, explicit positions, ragged rows, left padding
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -265,6 +266,7 @@ class JanusImageModel:
 
 
 
+@functools.cache  # read once: `hf_generate` asks on every call, and benchmarks time those calls
 def stock_generate_problem() -> str | None:
     """Why the installed transformers' own Janus image `generate` cannot run, or None when it can. In 5.17 it calls
     `_prepare_static_cache` without the `prefill_chunk_size` that method requires, and raises TypeError."""

@@ -296,13 +296,13 @@ def jsonl_batches(path, processor, prompt: str, batch_size: int) -> Callable[[in
     if not records:
         raise ValueError(f"--data: {path} has no lines with both image and caption")
     from specmm.vlm.caption import caption_prompt
+    from specmm.vlm.pipeline import with_image_token
 
-    image_token = processor.image_token
     rendered = caption_prompt(processor, prompt)  # the format `specmm caption` prompts in: train on the same
     if rendered != prompt:
         text_prompt = rendered
     else:  # no chat template: the instruction after the image token, the caption on the next line
-        text_prompt = (prompt if image_token in prompt else f"{image_token}\n{prompt}") + "\n"
+        text_prompt = with_image_token(prompt, processor.image_token) + "\n"
     eos = processor.tokenizer.eos_token or ""
 
     def batch(step: int) -> dict[str, Tensor]:
