@@ -31,10 +31,6 @@ from transformers import (
 # inductor's C++ wrapper (compiled mode's default on a CPU machine) costs seconds of C++ compile per graph: off here
 # (read when specmm is first imported, after this file) but in the test that sets `compiled.CPP_WRAPPER` itself
 os.environ.setdefault("SPECMM_CPP_WRAPPER", "0")
-# the per-part rounds before a generation's whole-round graph (a first round in shapes of its own, the rounds that
-# record a sampled draw tape) run eager: compiled, each part is a graph of its own, a dozen traces per configuration
-# that the whole-round tests do not need (tests/core/test_compiled.py's seeded sampling test runs both settings)
-os.environ.setdefault("SPECMM_COMPILE_FIRST_ROUNDS", "0")
 # compiled mode's graphs are captured by dynamo and run as captured (the "eager" backend): inductor's C++ compile
 # costs seconds per graph and AOT autograd doubles a capture's cost, minutes over the suite on 2 cores. The graphs
 # are the same static-shape graphs over the same static caches; AOT's functionalisation of their in-place writes is

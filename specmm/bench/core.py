@@ -78,13 +78,11 @@ def speculative_method(name: str, make_generator, generate, mode: str, profile: 
         if compiled:
             parts = compiled_parts(gen)
             result.compiled = "target" in parts
-            rounds = {True: "one graph", False: "per part"}.get(gen.whole_round, "-")  # after the first round
+            rounds = {True: "one graph", False: "eager"}.get(gen.whole_round, "-")
             result.extra = {**result.extra, "compiled parts": describe_parts(parts), "rounds": rounds}
         return result
 
     def profiled() -> RunResult:
-        if compiled:  # a profiled round runs per part: compile those shapes first, outside the split
-            run(True)
         return run(True)
 
     return Method(f"{name}, compiled" if compiled else name, run, compiled=compiled,

@@ -85,26 +85,11 @@ def hf_compiled(model: nn.Module) -> bool:
 
 
 def compiled_parts(gen) -> list[str]:
-    """The parts of `gen` ("target", "drafter") that took the fast path in its last generation: compiled mode
-    on, the part has a static path (`static_plan`), and its model's compiled forward did not fall back to eager."""
-    if not getattr(gen, "compile", False):
+    """The parts of `gen` ("target", "drafter") that ran compiled in its last generation: the fast mode on, the part
+    has a fast path (`static_plan`), and the rounds ran as one graph (else the generation ran eagerly)."""
+    if not getattr(gen, "compile", False) or getattr(gen, "whole_round", None) is False:
         return []
-    return [role for role, part in (("target", gen.target), ("drafter", gen.drafter))
-            if hasattr(part, "static_plan") and not _compile_failed(part)]
-
-
-def _compile_failed(part) -> bool:
-    """Whether the compiled forward of the part's model (`model` or `head`) warned and went eager, or the part
-    says one of its own compiled graphs did (a `compile_failure` reason, as the SSM target gives)."""
-    from specmm.core.compiled import compile_failure
-
-    if isinstance(getattr(part, "compile_failure", None), str):
-        return True
-    for name in ("model", "head"):
-        module = getattr(part, name, None)
-        if isinstance(module, nn.Module) and compile_failure(module) is not None:
-            return True
-    return False
+    return [role for role, part in (("target", gen.target), ("drafter", gen.drafter)) if hasattr(part, "static_plan")]
 
 
 def eager_drafter(drafter):

@@ -152,9 +152,8 @@ class BenchReport:
         if any(r.round_ms for r in rows):
             parts.append("ms/round: device-synchronised time per speculative round in each phase, from a separate "
                          "untimed run with profiling on (its syncs make it a little slower than the timed runs). "
-                         "Compiled rows run every round after the first as one graph, which has no phases to split: "
-                         "their profiled run takes each part as its own compiled call (after a run that compiles "
-                         "those), so its split describes that slower per-part round.")
+                         "Compiled rows run each round as one graph, which has no phases to split: their profiled "
+                         "run is eager over the same static caches, so its split describes that slower eager round.")
         if any(r.differing_rows for r in rows):
             parts.append("ties (n): outputs differ from the first row's, but each of the n differing rows first parts "
                          "at "

@@ -35,12 +35,11 @@ class RowCache:
     def committed_length(self) -> int:
         return self.physical_length - self.round_length
 
-    def open_slots(self, positions: Tensor, attend: Tensor, fast: bool = False) -> Tensor:
+    def open_slots(self, positions: Tensor, attend: Tensor) -> Tensor:
         """Register n new round slots and return the [B, 1, n, S] bool mask for running them.
 
         positions: [B, n] position id of each new slot.
         attend: [B, n, R + n] which of the round's slots (earlier ones, then the new ones) each new slot sees.
-        fast: for static caches (compiled rounds); ignored here.
         """
         batch, n = positions.shape
         committed = self.committed_length

@@ -1,10 +1,11 @@
-"""Compiled mode: which forwards run through `torch.compile`, compiled once per model and reused.
+"""The fast mode's two tiers: a generation runs eagerly, or each round after its warm-up runs as one compiled graph.
 
-`StaticPlan` is what the engine hands every target and drafter that supports the fast path: how many
-cache slots to preallocate and whether to compile. `CompiledForward` runs a model's forward compiled (static
-shapes, one graph per shape, shared by every runner of that model across `generate` calls); if compilation
-fails it warns once, naming the model and the reason, and runs eager from then on. Compile time is measured
-on the host and reported apart, never inside a timed row.
+`StaticPlan` is what the engine hands every target and drafter that has a fast path: how many cache slots to
+preallocate and whether to compile. `CompiledRound` is a whole round (draft, verify, accept, commit, record) as
+one `torch.compile(fullgraph=True)` graph per shape, shared by every generator over the same models; a round that
+cannot trace as one graph warns once, naming the reason, and runs eagerly. Nothing is compiled part by part inside
+a round. `CompiledForward` compiles a model's forward for loops outside the engine's rounds. Compile time is
+measured on the host and reported apart, never inside a timed row.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import copy
 import dataclasses
 import logging
 import os
-import sys
-import threading
 import time
 import types
 import warnings
@@ -125,42 +124,6 @@ def inductor_options(mode: str | None) -> dict:
     return {}
 
 
-COMPILE_FIRST_ROUNDS = os.environ.get("SPECMM_COMPILE_FIRST_ROUNDS", "1") != "0"
-"""Whether the rounds a generation runs per part before its whole-round graph takes over (a first round in shapes of
-its own; the one or two rounds that record a sampled generation's draw tape, `taped_rounds`) run each part
-compiled. On, each part is a graph of its own (about a dozen per configuration, compiled once, reused by later
-generations); off, those rounds run eager: far fewer graphs to compile, one or two slower rounds per generation.
-The test suite turns it off (SPECMM_COMPILE_FIRST_ROUNDS=0; the tracing of those graphs was minutes of it) but for
-the tests that check it. A round that cannot compile whole (`CompiledRound.failed`) runs its parts compiled
-either way."""
-
-
-class _EagerParts(threading.local):
-    depth = 0  # > 0 while this thread runs a first round's parts eager (`as_first_round`)
-
-
-_EAGER_PARTS = _EagerParts()
-
-
-def as_first_round(step):
-    """`step` (any callable) as a per-part round before the whole-round graph: its compiled parts
-    (`CompiledForward`, `compiled_helper`) run eager inside each call unless `COMPILE_FIRST_ROUNDS`."""
-    def run(*args, **kwargs):
-        if COMPILE_FIRST_ROUNDS:
-            return step(*args, **kwargs)
-        _EAGER_PARTS.depth += 1
-        try:
-            return step(*args, **kwargs)
-        finally:
-            _EAGER_PARTS.depth -= 1
-    return run
-
-
-def _runs_eager() -> bool:
-    """Inside a graph being compiled (traced into it) or a first round run eager: a part calls its plain function."""
-    return _EAGER_PARTS.depth > 0 or torch.compiler.is_compiling()
-
-
 class CompileClock:
     """Seconds spent compiling (first calls of each new shape), summed for the stats."""
 
@@ -170,15 +133,12 @@ class CompileClock:
 _COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, CompiledForward]] = weakref.WeakKeyDictionary()
 
 
-def compiled_forward(model: nn.Module, mode: str | None = None, hooked: nn.Module | None = None) -> CompiledForward:
-    """The one compiled forward of `model` for `mode` (made on first use); `hooked`: the submodule a caller keeps a
-    forward hook on while it calls (a feature capture), which gets graphs of its own. Dynamo does not guard on
-    module hooks (`skip_nnmodule_hook_guards`): a graph traced without the hook would run without it, and one
-    traced with it would call a hook since removed."""
-    if torch.compiler.is_compiling():  # inside a compiled round: the model is traced into it (no registry
-        return model  # lookup: a guard on the registry would recompile the round whenever it grows)
+def compiled_forward(model: nn.Module, mode: str | None = None) -> CompiledForward:
+    """The one compiled forward of `model` for `mode` (made on first use), for a loop outside the engine's rounds."""
+    if torch.compiler.is_compiling():  # inside a compiled graph: the model is traced into it (no registry
+        return model  # lookup: a guard on the registry would recompile the graph whenever it grows)
     kept = _COMPILED.setdefault(model, {})
-    key = (mode, BACKEND, None if hooked is None else id(hooked))
+    key = (mode, BACKEND)
     found = kept.get(key)
     if found is None:
         found = kept[key] = CompiledForward(model, mode, BACKEND)
@@ -191,18 +151,18 @@ def compile_failure(model: nn.Module) -> str | None:
 
 
 def compile_static(fn, mode: str | None = None, backend: str | None = None, fullgraph: bool = False):
-    """`torch.compile(fn, dynamic=False)` with the fast path's settings, under a code object of its own.
+    """`torch.compile(fn, dynamic=False)` with the fast mode's settings, under a code object of its own.
 
     Dynamo keeps its graphs and guards per code object. A fresh copy of `fn`'s code per call site keeps the
     target's, each drafter's and each helper's graphs apart: a call checks the guards of its own few graphs,
-    not of every graph made from the same source. Guards on nn-module attributes are skipped (the cost of a
-    compiled call is mostly guard checks on a small model), except those `module_guard_filter` keeps: compiled
-    mode assumes a model's module attributes are not changed between calls.
+    not of every graph made from the same source. A graph traced whole (`fullgraph`) skips the guards on
+    nn-module attributes (`module_guard_filter`): the fast mode assumes a model's module attributes are not
+    changed between calls. A graph that may break keeps them: its resume functions are shared by every
+    instance of a class, and those guards tell one layer's graph from another's.
     """
     backend = backend or BACKEND
     own = _own_code(fn)
-    code = own.__func__.__code__ if isinstance(own, types.MethodType) else own.__code__
-    options = {"guard_filter_fn": own_frame_guard_filter(code)}
+    options = {"guard_filter_fn": module_guard_filter} if fullgraph else {}
     if backend == "inductor" and mode is not None:
         from torch._inductor import list_mode_options
 
@@ -215,55 +175,13 @@ def compile_static(fn, mode: str | None = None, backend: str | None = None, full
 _KEPT_MODULE_GUARDS = ("EMPTY_NN_MODULE_HOOKS_DICT", "TENSOR_MATCH")
 
 
-def _code_being_guarded() -> types.CodeType | None:
-    """The code object dynamo is building guards for (its guard manager's `f_code`), None if not found."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_locals.get("f_code") if frame.f_code.co_name == "__init__" else None
-        if isinstance(code, types.CodeType):
-            return code
-        frame = frame.f_back
-    return None
-
-
-def own_frame_guard_filter(code: types.CodeType):
-    """`module_guard_filter` for the frames of `code` only. Any other frame (a graph break's resume function, or
-    a submodule's forward compiled on its own after a break) is shared by every instance of its class, so its
-    module-attribute guards (`layer_idx`, ...) are what tell one layer's graph from another's: all kept."""
-
-    def keep(entries) -> list[bool]:
-        if _code_being_guarded() is not code:
-            return [True] * len(entries)
-        return module_guard_filter(entries)
-
-    return keep
-
-
 def module_guard_filter(entries) -> list[bool]:
-    """Dynamo guard filter of compiled mode: drop the guards on a model's module attributes, which a model used
+    """Dynamo guard filter of the fast mode: drop the guards on a model's module attributes, which a model used
     for inference does not change between calls (about 1,400 on a small Llama, most of a compiled call's
     cost on a CPU), but keep those on hooks (specmm adds and removes a feature-capture hook per generation),
     on parameters (shape, dtype, device), on `training`, and every guard on anything else."""
     return [not entry.orig_guard.source.is_unspecialized_nn_module() or entry.guard_type in _KEPT_MODULE_GUARDS
             or "hook" in entry.name or entry.name.endswith(".training") for entry in entries]
-
-
-_HELPERS: dict[object, object] = {}
-
-
-def compiled_helper(fn):
-    """`fn` (a pure tensor function of a compiled round's bookkeeping) compiled once per process; inside a
-    graph being compiled (a whole round, `CompiledRound`) it is traced into that graph instead."""
-    if torch.compiler.is_compiling():  # no registry lookup, as in `compiled_forward`
-        return fn
-    found = _HELPERS.get(fn)
-    if found is None:
-        compiled = compile_static(fn)
-
-        def found(*args, **kwargs):
-            return fn(*args, **kwargs) if _runs_eager() else compiled(*args, **kwargs)
-        _HELPERS[fn] = found
-    return found
 
 
 def graphs_compiled() -> int:
@@ -291,23 +209,23 @@ def raise_recompile_limits(limit: int = 64) -> None:
 class CompiledForward:
     """`model(**inputs)` through `torch.compile(dynamic=False)`; eager, with one warning, if it cannot compile.
 
-    Under CUDA graphs the forward must trace as one graph (`fullgraph=True`). A forward that graph-breaks inside
-    its layer loop (GraniteMoeHybrid's eager MoE experts) runs one shared frame per layer, each time with other
-    weights: the trees would record that frame's CUDA graph again on every call, and stop graphing it after 128
-    recordings. Such a model runs compiled without CUDA graphs instead, with one warning naming the break.
+    For a model's own loop outside the engine's rounds (the image sampler's plain decoding): the engine's rounds
+    trace every forward into their one graph instead. It is traced as one graph first (`fullgraph=True`, module
+    guards skipped). A forward that graph-breaks (GraniteMoeHybrid's eager MoE experts) is compiled again with
+    its breaks and every guard, without CUDA graphs, which would record its per-layer frames again on every call.
     """
 
     def __init__(self, model: nn.Module, mode: str | None = None, backend: str = "inductor"):
         self.model, self.mode, self.backend = model, mode, backend
         raise_recompile_limits()
-        self.run_mode = mode  # the mode it runs in: `mode`, or None once a graphed compile found a graph break
-        self.compiled = compile_static(model.forward, mode, backend, fullgraph=mode == GRAPHED)
+        self.run_mode = mode  # the mode it runs in: `mode`, or None once a graph break showed it must
+        self.compiled = compile_static(model.forward, mode, backend, fullgraph=True)
+        self.whole = True  # traced as one graph (False once a graph break showed it cannot)
         self.failed: str | None = None  # why compilation failed, once it has
-        self.ungraphed: str | None = None  # why it runs without CUDA graphs, once a graph break showed it must
         self.shapes: set[tuple] = set()
 
     def __call__(self, **inputs):
-        if self.failed is not None or _runs_eager():  # traced into a compiled round, or an eager first round
+        if self.failed is not None or torch.compiler.is_compiling():  # traced into a compiled graph
             return self.model(**inputs)
         inputs = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()) if isinstance(v, torch.Tensor))
@@ -318,12 +236,14 @@ class CompiledForward:
         except torch._dynamo.exc.TorchDynamoException as error:  # compilation, not the model, failed
             reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             name = type(self.model).__name__
-            if self.run_mode == GRAPHED:  # fullgraph tracing failed before anything ran: compile it ungraphed
-                self.ungraphed, self.run_mode = reason, None
+            if self.whole:  # fullgraph tracing failed before anything ran: compile it with its breaks
+                self.whole = False
+                if self.run_mode == GRAPHED:
+                    warnings.warn(f"compile=True: {name} does not trace as one graph ({reason}); it runs compiled "
+                                  "without CUDA graphs, which would record it again per layer", RuntimeWarning,
+                                  stacklevel=3)
+                self.run_mode = None
                 self.compiled = compile_static(self.model.forward, None, self.backend)
-                warnings.warn(f"compile=True: {name} does not trace as one graph ({reason}); it runs compiled "
-                              "without CUDA graphs, which would record it again per layer", RuntimeWarning,
-                              stacklevel=3)
                 return self(**inputs)
             self.failed = reason
             warnings.warn(f"compile=True: {name} could not be compiled ({reason}); running it eager",
@@ -336,14 +256,13 @@ class CompiledForward:
 
 
 class CompiledRound:
-    """A whole round step (draft forwards, verify, accept, commits) as one compiled graph per shape.
+    """A whole round (draft forwards, verify, accept, commits, record) as one compiled graph per shape.
 
-    Between the forwards a round has a few hundred small tensor ops and a dozen helper graphs; on a small model
-    each compiled call costs about as much as its kernels, so one graph for the round removes most of that
-    overhead. `fullgraph=True`: a step that does not trace as
-    one graph (a host sync, a data-dependent branch, a drafter dynamo cannot follow) fails before it runs
-    anything, and then runs per part (each forward and helper compiled on its own) from then on, with one warning.
-    Compile time goes on the `CompileClock`.
+    Between the forwards a round has a few hundred small tensor ops; on a small model each compiled call costs
+    about as much as its kernels, so one graph for the round removes most of that overhead. `fullgraph=True`: a
+    round that does not trace as one graph (a host sync, a data-dependent branch, a drafter dynamo cannot follow)
+    fails before it runs anything, and from then on runs eagerly, with one warning naming the reason. Compile
+    time goes on the `CompileClock`.
     """
 
     def __init__(self, step, mode: str | None = None):
@@ -361,12 +280,11 @@ class CompiledRound:
         before = StateSnapshot(state) if state is not None else None
         try:
             out = run_graphed(self.compiled, self.mode, *args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the step has run
+        except torch._dynamo.exc.TorchDynamoException as error:  # tracing failed: nothing of the round has run
             self.failed = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.debug("round trace failure: %s", error)
-            # a warning, not a log line: per part, a round costs about twice as much on a small model
-            warnings.warn(f"compile=True: the round does not compile as one graph ({self.failed}); its parts run "
-                          "compiled one by one, which is slower", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"compile=True: the round does not compile as one graph ({self.failed}); it runs eagerly",
+                          RuntimeWarning, stacklevel=2)
             return self.step(*args, **kwargs)
         if before is not None:  # what the round rebound lives in the graph's pool: copied out
             own_rebound(state, before)
@@ -375,20 +293,19 @@ class CompiledRound:
         return out
 
 
-def taped_rounds(per_part, whole, device: torch.device, repeating: set[tuple] | None = None, key: tuple = ()):
+def taped_rounds(eager, whole, device: torch.device, repeating: set[tuple] | None = None, key: tuple = ()):
     """Sampled compiled rounds read their draws from a `DrawTape`, made eagerly from the generators before each round
     in eager mode's order, so `whole` (one graph) can run them. Step signature: (roots, sampling, generators, *rest).
 
-    1. The first round runs `per_part` and records its draws.
+    1. The first round runs `eager` and records its draws.
     2. If a first round of this kind (`key`, e.g. the drafter's settings) drew exactly these before and the round
        after it drew the same, that is known (`repeating`, kept by the caller across generations): every later
        round runs `whole` on this tape.
-    3. Else the second round runs `per_part` too and records its own tape (some proposers draw differently in their
+    3. Else the second round runs `eager` too and records its own tape (some proposers draw differently in their
        first round: a Jacobi window starts from fresh tokens); if it drew as the first, `repeating` learns it.
     4. Every later round refills the tape and runs `whole`.
     """
     repeating = set() if repeating is None else repeating
-    per_part = as_first_round(per_part)  # the recording rounds
     tape: DrawTape | None = None
     first: tuple | None = None  # (key, the first round's draws) until the second round has run
 
@@ -396,7 +313,7 @@ def taped_rounds(per_part, whole, device: torch.device, repeating: set[tuple] | 
         nonlocal tape, first
         if tape is None:  # 1.
             tape = DrawTape(generators, device)
-            out = per_part(roots, sampling, tape, *rest)
+            out = eager(roots, sampling, tape, *rest)
             first = (key, tuple(tape.entries))
             if first in repeating:  # 2.
                 first = None
@@ -404,7 +321,7 @@ def taped_rounds(per_part, whole, device: torch.device, repeating: set[tuple] | 
                 tape = DrawTape(generators, device)  # 3. the second round records
             return out
         if first is not None:  # 3.
-            out = per_part(roots, sampling, tape, *rest)
+            out = eager(roots, sampling, tape, *rest)
             if tuple(tape.entries) == first[1]:
                 repeating.add(first)
             first = None

@@ -1,9 +1,9 @@
-"""The acceptance walk of a compiled round: one compiled graph per tree shape instead of dozens of small ops.
+"""The acceptance walk of a fast-mode round, in a form dynamo traces into the round's graph.
 
-`accept_compiled` does what `specmm.core.acceptance.accept` does, for any rule and sampling config. Random
-draws (`sampled_draws`) are made eagerly first, in the eager walk's order, so a compiled round draws exactly
-the tokens an eager one does; the walk itself (ancestor and child tables included) runs as the forward of
-`AcceptWalk` through `compiled_forward`, shared by every generator in the process.
+`accept_traceable` does what `specmm.core.acceptance.accept` does, for any rule and sampling config. Random
+draws (`sampled_draws`) are made first, in the eager walk's order (from a round's draw tape when the round is one
+graph), so a compiled round draws exactly the tokens an eager one does; the walk itself builds the ancestor and
+child tables as plain fields (`TracedTree`), which dynamo can follow where it cannot follow `cached_property`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from specmm.core.acceptance import (AcceptanceRule, AcceptResult, accept_greedy, accept_sampled, check_rule,
                                     sampled_draws)
-from specmm.core.compiled import StaticPlan, compiled_forward
 from specmm.core.sampling import Generators, SamplingConfig, process_logits
 from specmm.core.tree import DraftTree, ancestor_mask, children_table
 
@@ -52,15 +51,14 @@ class AcceptWalk(nn.Module):
 WALK = AcceptWalk()
 
 
-def accept_compiled(tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rule: AcceptanceRule,
-                    generators: Generators, plan: StaticPlan) -> AcceptResult:
-    """`accept(tree, target_logits, sampling, rule, generators)` with the walk compiled as `plan` says."""
+def accept_traceable(tree: DraftTree, target_logits: Tensor, sampling: SamplingConfig, rule: AcceptanceRule,
+                     generators: Generators) -> AcceptResult:
+    """`accept(tree, target_logits, sampling, rule, generators)`, traceable into a compiled round."""
     check_rule(rule, sampling)
     coins = noise = None
     if not sampling.greedy:
         coins, noise = sampled_draws(tree, target_logits.shape[-1], generators, target_logits.device)
-    walk = compiled_forward(WALK, plan.mode) if plan.compile else WALK
-    path, num_accepted, next_token, diagnostics = walk(
+    path, num_accepted, next_token, diagnostics = WALK(
         tokens=tree.tokens, parents=tree.parents, depth=tree.depth, valid=tree.valid, draft_probs=tree.draft_probs,
         logits=target_logits, coins=coins, noise=noise, max_depth=tree.max_depth, max_children=tree.max_children,
         sampling=sampling, rule=rule)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.compiled import StaticPlan, compiled_helper, compiles
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.resident import owner_of, resident
 from specmm.core.inplace import write_columns_
 from specmm.core.sampling import Generators, SamplingConfig
@@ -223,12 +223,10 @@ class ModelDrafter(CountsForwards, RunnerOwner):
             out = self.runner.forward_children(parent_slots, root_position[:, None] + depth, input_ids=tokens)
             return out.logits
 
-        return grow_tree(spec, roots, root_logits, expand, sampling, generators,
-                         compiled=compiles(self.static_plan), process=process)
+        return grow_tree(spec, roots, root_logits, expand, sampling, generators, process=process)
 
     def update(self, tree: DraftTree, result: AcceptResult, path_features: Tensor | None) -> None:
-        plan = compiled_helper(drafter_update) if compiles(self.static_plan) else drafter_update
-        kept, reused, self.pending, self.pending_valid = plan(tree.node_slots, tree.tokens, result.path,
+        kept, reused, self.pending, self.pending_valid = drafter_update(tree.node_slots, tree.tokens, result.path,
                                                               result.num_accepted, result.next_token)
         self.runner.cache.commit(kept, reused)
 

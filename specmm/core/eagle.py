@@ -269,7 +269,7 @@ class EagleDrafter(CountsForwards):
             return self.lm_head(out.last_hidden_state)
 
         tree = grow_tree(spec, roots, self.lm_head(root_hidden), self._expander(expand, root_hidden), sampling,
-                         generators, compiled=compiles(self.static_plan), process=process)
+                         generators, process=process)
         self.runner.cache.rollback()  # tree nodes were fed predicted features: never kept
         return tree
 

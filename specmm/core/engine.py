@@ -24,13 +24,13 @@ import torch
 from torch import Tensor
 
 from specmm.core.acceptance import EXACT, AcceptanceRule, accept, check_rule
-from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, as_first_round, compiled_helper,
-                                  graph_mode, held_modules, settings_key, shared_round, taped_rounds)
-from specmm.core.compiled_accept import accept_compiled
+from specmm.core.compiled import (CompileClock, CompiledRound, StaticPlan, graph_mode, held_modules, settings_key,
+                                  shared_round, taped_rounds)
+from specmm.core.compiled_accept import accept_traceable
 from specmm.core.resident import owner_of, resident
 from specmm.core.static_cache import static_cache_length
 from specmm.core.drafters import Drafter, accepted_tokens
-from specmm.core.finite import raise_nonfinite_round, round_flags, stopped
+from specmm.core.finite import raise_nonfinite_round, round_flags
 from specmm.core.limits import check_generation_positions, check_tree_vocab, shared_rope_threshold
 from specmm.core.profiling import RoundTimer
 from specmm.core.processors import History, TreeLogitsProcessor, resolve_special_tokens
@@ -81,28 +81,49 @@ class EosCriterion:
         return torch.isin(new_tokens, self.eos_ids)
 
 
-def record_round(new: Tensor, num_accepted: Tensor, out: Tensor, counts: Tensor, rounds: Tensor, histogram: Tensor,
-                 alive: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor | int, pad: Tensor | int) -> Tensor:
-    """Compiled mode's `_record` (rows never leave the batch; EOS the only criterion): write each live row's kept
-    tokens of the round into `out` and update `counts`, `rounds`, `histogram` and `alive` in place; returns take
-    [B], the tokens each row kept. new: [B, n]; num_accepted: [B]; eos_ids: [E] or None; max_new_tokens and pad: [1]
-    or ints."""
-    remaining = max_new_tokens - counts  # [B]
-    take = torch.where(alive, torch.minimum(num_accepted + 1, remaining), 0)
-    histogram += (torch.nn.functional.one_hot(num_accepted, histogram.numel()) * (take > 0)[:, None]).sum(0)
+@dataclass
+class RoundState:
+    """What a generation's rounds read and write in place, besides the models' caches (B rows, tree depth D).
+
+    Allocated once per generation before the first round (under CUDA graphs, the same buffers for every generation
+    of these shapes); every round, eager or one graph, updates it with the same ops. The budget, pad and EOS ids are
+    values here, not shapes or constants of a graph, so a generation with other values compiles nothing new.
+    """
+
+    out: Tensor  # [B, C + D + 1] kept tokens, right-padded with pad (C: the budget, bucketed in the fast mode)
+    counts: Tensor  # [B] new tokens per original row
+    rounds: Tensor  # [B] target forwards that kept tokens, per original row
+    alive: Tensor  # [B] bool: the row has not stopped
+    histogram: Tensor  # [D + 1] rounds per number of accepted drafts
+    moved: Tensor  # [] moved mass of the kept drafts (lossy rules)
+    budget: Tensor  # [1] max_new_tokens
+    pad: Tensor  # [1] pad id
+    eos: Tensor | None  # [E] EOS ids (None: no EOS)
+
+
+def record_round(new: Tensor, num_accepted: Tensor, active: Tensor, state: RoundState,
+                 criteria: Sequence[StoppingCriterion] = ()) -> Tensor:
+    """Write each live row's kept tokens of the round into `state` and update its counters and alive flags in place;
+    returns take [b], the tokens each row kept. new: [b, n] accepted drafts then the next token; num_accepted: [b];
+    active: [b] each live row's original row. A row keeps up to its budget and stops after an EOS id or where a
+    criterion says; rows that stopped earlier keep nothing."""
+    counts = state.counts[active]  # [b]
+    remaining = state.budget - counts
+    take = torch.where(state.alive[active], torch.minimum(num_accepted + 1, remaining), 0)
+    state.histogram += (torch.nn.functional.one_hot(num_accepted, state.histogram.numel()) * (take > 0)[:, None]).sum(0)
     done = take >= remaining
     steps = torch.arange(new.shape[1], device=new.device)
-    if eos_ids is not None:
-        stops = torch.isin(new, eos_ids) & (steps[None, :] < take[:, None])  # [B, n]
-        hit = stops.any(1)
-        first = torch.where(stops, steps[None, :], new.shape[1]).amin(1)  # [B] first EOS (n: none)
+    stops = [] if state.eos is None else [torch.isin(new, state.eos)]
+    for stop in stops + [criterion(new, take, active) for criterion in criteria]:
+        stop = stop & (steps[None, :] < take[:, None])  # [b, n]
+        hit = stop.any(1)
+        first = torch.where(stop, steps[None, :], new.shape[1]).amin(1)  # [b] first stop (n: none)
         take = torch.where(hit, first + 1, take)
         done = done | hit
-    rows = torch.arange(new.shape[0], device=new.device)
-    out[rows[:, None], counts[:, None] + steps] = torch.where(steps[None, :] < take[:, None], new, pad)
-    counts += take
-    rounds += (take > 0).long()
-    alive &= ~done
+    state.out[active[:, None], counts[:, None] + steps] = torch.where(steps[None, :] < take[:, None], new, state.pad)
+    state.counts[active] = counts + take
+    state.rounds[active] += (take > 0).long()
+    state.alive[active] = state.alive[active] & ~done
     return take
 
 
@@ -119,21 +140,20 @@ def undecorated_step(cls: type) -> Callable:
 
 
 def recorded_round(gen: SpeculativeGenerator, roots: Tensor, sampling: SamplingConfig, generators: Generators,
-                   alive: Tensor, history: History | None, out: Tensor, counts: Tensor, rounds: Tensor,
-                   histogram: Tensor, moved: Tensor, eos_ids: Tensor | None, max_new_tokens: Tensor, pad: Tensor
-                   ) -> tuple[RoundOutput, Tensor]:
-    """Compiled mode's round with its bookkeeping, so that one compiled graph does both (rows never leave the batch;
-    EOS the only criterion): 1. the round step; 2. `record_round` (tokens into `out`, counters, `alive`, in place);
-    3. the moved mass of the kept drafts into `moved` []; 4. the stop flags [2] (every row done, any verify logits
-    non-finite), which the loop reads in its one host sync. Outside a compiled graph each part runs compiled on its
-    own. alive, counts, rounds: [B]; out: [B, bucketed max_new_tokens + D + 1]; histogram: [D + 1]; eos_ids: [E] or
-    None; max_new_tokens, pad: [1] (values of the state, so that every budget and pad id share the graph)."""
-    result = undecorated_step(type(gen))(gen, roots, sampling, generators, alive, max_new_tokens - counts, history)
-    take = compiled_helper(record_round)(result.new_tokens, result.num_accepted, out, counts, rounds, histogram, alive,
-                                         eos_ids, max_new_tokens, pad)
-    add_kept_moved_mass(moved, result, take)
-    flags = compiled_helper(round_flags)((~alive).all()[None], result.target_logits)
-    return result, flags
+                   history: History | None, state: RoundState, active: Tensor,
+                   criteria: Sequence[StoppingCriterion]) -> tuple[RoundOutput, Tensor, Tensor]:
+    """One round with its bookkeeping, the unit both tiers run (eagerly, or as one graph in the fast mode):
+    1. the round step of the live rows `active` [b]; 2. `record_round` (tokens into `state`, counters, alive flags);
+    3. the moved mass of the kept drafts; 4. the stop flags [3] (every row done, any verify logits non-finite, any
+    live row stopped), which the loop reads in its one host sync. Returns (the round, take [b], the flags)."""
+    alive = state.alive[active]
+    result = undecorated_step(type(gen))(gen, roots, sampling, generators, alive, state.budget - state.counts[active],
+                                         history)
+    take = record_round(result.new_tokens, result.num_accepted, active, state, criteria)
+    add_kept_moved_mass(state.moved, result, take)
+    flags = torch.cat([round_flags((~state.alive).all()[None], result.target_logits),
+                       (~state.alive[active]).any()[None]])
+    return result, take, flags
 
 
 def synchronize(device: torch.device) -> None:
@@ -147,10 +167,11 @@ class SpeculativeGenerator:
 
     def __init__(self, target, drafter: Drafter, tree: TreeSpec | None = None,
                  acceptance: str | AcceptanceRule = "exact", compile: bool = False, profile: bool = False):
-        """`compile=True` is the fast path: static caches, rows that stay in the batch (static shapes),
-        `torch.compile`d forwards (CUDA graphs on CUDA), one host sync per round; outputs are identical.
-        `profile=True` records where each round's time goes (`stats.round_time_split`), syncing the device
-        at every phase boundary: use it in a separate run, not a timed one."""
+        """`compile=True` is the fast mode: static caches, rows that stay in the batch (static shapes), each round
+        (draft, verify, accept, commit, record) one `torch.compile`d graph (CUDA graphs on CUDA), one host sync per
+        round; outputs are identical. A round that cannot be one graph runs eagerly, with one warning naming why.
+        `profile=True` records where each round's time goes (`stats.round_time_split`), running rounds eagerly and
+        syncing the device at every phase boundary: use it in a separate run, not a timed one."""
         self.target: Target = as_target(target)
         if not isinstance(drafter, Drafter):
             raise ValueError(f"drafter: {type(drafter).__name__} does not implement the specmm Drafter protocol")
@@ -303,7 +324,7 @@ class SpeculativeGenerator:
         else:
             tree = drafter.draft(roots, self.tree, sampling, generators)
         if budget is not None:
-            tree = limit_depth(tree, budget - 1, compiled=self._plan is not None)  # no node past a row's budget
+            tree = limit_depth(tree, budget - 1)  # no node past a row's budget
         if timer is not None:
             timer.mark("draft")
         verified = target.verify(tree)
@@ -312,8 +333,8 @@ class SpeculativeGenerator:
             logits = self.processor(logits, tree, history)
         if timer is not None:
             timer.mark("verify")
-        if self._plan is not None:  # the walk as one compiled graph, same draws, same tokens
-            result = accept_compiled(tree, logits, sampling, self.rule, generators, self._plan)
+        if self._plan is not None:  # the walk in a form the round's graph traces: same draws, same tokens
+            result = accept_traceable(tree, logits, sampling, self.rule, generators)
         else:
             result = accept(tree, logits, sampling, self.rule, generators)
         if alive is not None:
@@ -364,15 +385,13 @@ class SpeculativeGenerator:
         self.target.check_model_inputs(model_inputs)
         device = self.target.device
         pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-        criteria = ([EosCriterion(eos, device)] if eos else []) + list(stopping)
         compiling_before = CompileClock.seconds
         synchronize(device)
         started = time.perf_counter()
         _stream_prompt(streamer, input_ids, attention_mask)
         try:
-            out, counts, rounds, histogram, stats = self._loop(
-                input_ids, attention_mask, max_new_tokens, sampling, criteria, pad, generator, streamer,
-                model_inputs)
+            state, stats = self._loop(input_ids, attention_mask, max_new_tokens, sampling, eos, list(stopping), pad,
+                                      generator, streamer, model_inputs)
         finally:
             self.end()  # removes any feature hook from the user's model
         if streamer is not None:
@@ -381,83 +400,75 @@ class SpeculativeGenerator:
         stats.compile_time_s = CompileClock.seconds - compiling_before
         stats.wall_time_s = time.perf_counter() - started
         stats.draft_forwards = self.drafter.draft_forwards
-        stats.new_tokens_per_row = counts.tolist()
-        stats.target_forwards_per_row = rounds.tolist()
+        stats.new_tokens_per_row = state.counts.tolist()
+        stats.target_forwards_per_row = state.rounds.tolist()
         stats.new_tokens = sum(stats.new_tokens_per_row)
-        stats.accepted_histogram = histogram.tolist()
-        width = int(counts.max())
-        return GenerationOutput(sequences=torch.cat([input_ids, out[:, :width]], 1), stats=stats)
+        stats.accepted_histogram = state.histogram.tolist()
+        width = int(state.counts.max())
+        out = state.out[:, :width]
+        return GenerationOutput(sequences=torch.cat([input_ids, out], 1), stats=stats)
 
-    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, criteria, pad, generator, streamer,
+    def _loop(self, input_ids, attention_mask, max_new_tokens, sampling, eos, stopping, pad, generator, streamer,
               model_inputs):
-        """`begin`, then `step` until every row has stopped; counters stay on the device until the end."""
+        """`begin`, then rounds until every row has stopped: one loop for both tiers, the round state on the device,
+        one host sync per round. Eager mode drops stopped rows from the batch; the fast mode keeps its shapes."""
         device, batch = self.target.device, input_ids.shape[0]
-        # spare columns so a round's tokens can always be written past a row's count (then overwritten or cut); in
-        # compiled mode the budget is bucketed, so that generations of other budgets share the round's shapes
-        columns = static_cache_length(max_new_tokens) if self.compile else max_new_tokens
-        out = torch.full((batch, columns + self.tree.depth + 1), pad, dtype=torch.long, device=device)
-        counts = torch.zeros(batch, dtype=torch.long, device=device)  # new tokens per original row
-        rounds = torch.zeros(batch, dtype=torch.long, device=device)  # target forwards per original row
-        histogram = torch.zeros(self.tree.depth + 1, dtype=torch.long, device=device)
-        moved = torch.zeros((), device=device)
-        active = torch.arange(batch, device=device)  # original row of each live row
         stats, generators = GenerationStats(), generator
-        alive = torch.ones(batch, dtype=torch.bool, device=device) if self.compile else None
         roots = self.begin(input_ids, attention_mask, sampling, generators, max_new_tokens, **model_inputs)
-        # under CUDA graphs the round's state keeps its addresses across generations (other modes: as allocated)
-        mode = None if self._plan is None else self._plan.mode
-        keep = functools.partial(resident, owner_of(self.target), mode=mode)
-        # the budget and the pad id are values of the round's state, not constants of its graph: a generation with
-        # another of either compiles nothing new
-        budget = torch.full((1,), max_new_tokens, dtype=torch.long, device=device)  # [1]: no 0-d scalar input
-        pad_id = torch.full((1,), pad, dtype=torch.long, device=device)
-        out, counts, rounds, histogram, moved, budget, pad_id = (keep(name, value) for name, value in (
-            ("out", out), ("counts", counts), ("rounds", rounds), ("histogram", histogram), ("moved", moved),
-            ("budget", budget), ("pad", pad_id)))
+        state = self._round_state(batch, max_new_tokens, pad, eos)  # after `begin`, which makes the plan
+        active = torch.arange(batch, device=device)  # original row of each live row
         self.timer = RoundTimer(device) if self.profile else None
         if self.timer is not None:
             self.timer.reset()
+        step = self._round_step(sampling)
         if input_ids.shape[1] == 0:  # the conditioning prefill drew the first token
-            first = RoundOutput(tree=None, path=None, num_accepted=torch.zeros_like(roots), next_token=roots,
-                                new_tokens=roots[:, None])
             stats.target_forwards += 1
-            roots, generators, active, _ = self._record(first, out, counts, rounds, histogram, active, roots,
-                                                        generators, max_new_tokens, criteria, pad, streamer, batch,
-                                                        alive)
-        alive = keep("alive", torch.ones(batch, dtype=torch.bool, device=device)) if self.compile else None
-        if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
-            eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one graph records the round too
-            step = as_first_round(functools.partial(recorded_round, self))
-            later_step = self._round_step(sampling, recorded=True)
-            # sampled: the first round records the draw tape; greedy, where the parts start in the later rounds'
-            # shapes, it runs the later rounds' graph
-            step = step if sampling.greedy and not self._uniform_first_round() else later_step
-            while True:
-                history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
-                result, flags = step(roots, sampling, generators, alive, history, out, counts, rounds, histogram,
-                                     moved, eos, budget, pad_id)
-                step, roots = later_step, result.next_token
-                stats.target_forwards += 1
-                all_done, any_bad = flags.tolist()  # compiled mode's one host sync per round
-                if any_bad:
-                    raise_nonfinite_round(result.target_logits, self.target, rounds)
-                if all_done:
-                    break
-            return out, counts, rounds, histogram, self._finish(stats, moved)
-        step, later_step = as_first_round(self.step), self._round_step(sampling)
-        step = step if sampling.greedy and not self._uniform_first_round() else later_step  # as above
-        while active.numel():
-            history = None if self.processor is None else History.of(input_ids, attention_mask, out, counts, active)
-            result = step(roots, sampling, generators, alive, max_new_tokens - counts[active], history)
-            step = later_step
+            take = record_round(roots[:, None], torch.zeros_like(roots), active, state, stopping)
+            _stream_round(streamer, batch, active, roots[:, None], take)
+            if not self.compile:  # eager mode: rows that stopped at their first token leave (a host sync)
+                keep = state.alive.nonzero().flatten()
+                if keep.numel() == 0:
+                    return state, self._finish(stats, state.moved)
+                if keep.numel() < batch:
+                    self.select_rows(keep)
+                    roots, active = roots[keep], active[keep]
+                    generators = select_generators(generators, keep.tolist())
+        while True:
+            history = None if self.processor is None else History.of(input_ids, attention_mask, state.out,
+                                                                      state.counts, active)
+            result, take, flags = step(roots, sampling, generators, history, state, active, stopping)
+            roots = result.next_token
             stats.target_forwards += 1
-            roots, generators, active, take = self._record(result, out, counts, rounds, histogram, active,
-                                                           result.next_token, generators, max_new_tokens,
-                                                           criteria, pad, streamer, batch, alive)
-            if alive is not None and stopped((~alive).all()[None], result.target_logits, self.target, rounds, True):
-                break  # compiled mode's one host sync per round: every row done (or NaN/inf logits raised)
-            add_kept_moved_mass(moved, result, take)
-        return out, counts, rounds, histogram, self._finish(stats, moved)
+            _stream_round(streamer, batch, active, result.new_tokens, take)
+            all_done, any_bad, any_stopped = flags.tolist()  # the round's one host sync
+            if any_bad:
+                raise_nonfinite_round(result.target_logits, self.target, state.rounds[active])
+            if all_done:
+                return state, self._finish(stats, state.moved)
+            if any_stopped and not self.compile:  # eager mode: stopped rows leave the batch
+                keep = state.alive[active].nonzero().flatten()
+                self.select_rows(keep)
+                roots, active = roots[keep], active[keep]
+                generators = select_generators(generators, keep.tolist())
+
+    def _round_state(self, batch: int, max_new_tokens: int, pad: int, eos: list[int]) -> RoundState:
+        """A generation's `RoundState`. Spare columns let a round's tokens always be written past a row's count (then
+        overwritten or cut); the fast mode buckets the budget, so generations of other budgets share its shapes.
+        Under CUDA graphs every buffer is the one kept for its shape, so recorded graphs replay."""
+        device, depth = self.target.device, self.tree.depth
+        columns = static_cache_length(max_new_tokens) if self.compile else max_new_tokens
+        mode = None if self._plan is None else self._plan.mode
+        keep = functools.partial(resident, owner_of(self.target), mode=mode)
+        long = dict(dtype=torch.long, device=device)
+        return RoundState(
+            out=keep("out", torch.full((batch, columns + depth + 1), pad, **long)),
+            counts=keep("counts", torch.zeros(batch, **long)), rounds=keep("rounds", torch.zeros(batch, **long)),
+            alive=keep("alive", torch.ones(batch, dtype=torch.bool, device=device)),
+            histogram=keep("histogram", torch.zeros(depth + 1, **long)),
+            moved=keep("moved", torch.zeros((), device=device)),
+            budget=keep("budget", torch.full((1,), max_new_tokens, **long)),
+            pad=keep("pad", torch.full((1,), pad, **long)),
+            eos=keep("eos", torch.tensor(eos, **long)) if eos else None)
 
     def _finish(self, stats: GenerationStats, moved: Tensor) -> GenerationStats:
         stats.moved_mass = float(moved)
@@ -468,80 +479,39 @@ class SpeculativeGenerator:
         return stats
 
     def _uniform_first_round(self) -> bool:
-        """Whether the first round's state has the later rounds' shapes and its checks no host sync, so that compiled
-        mode runs it through the same graph (else per part: a graph of its own would cost a cold compile of its own)."""
-        plan = self._plan
-        return (plan is not None and plan.compile and not self.profile
-                and all(getattr(part, "uniform_first_round", False) for part in (self.target, self.drafter)))
+        """Whether the first round's state has the later rounds' shapes and its checks no host sync, so that a greedy
+        fast-mode generation runs it through the later rounds' graph (else eagerly, as a warm-up)."""
+        return all(getattr(part, "uniform_first_round", False) for part in (self.target, self.drafter))
 
     @property
     def whole_round(self) -> bool | None:
-        """Compiled mode: whether the rounds after the first ran as one compiled graph (False: they run per part,
-        after a trace that failed, with one RuntimeWarning naming why); None until a compiled generation has run
-        one. Sampled rounds read their draws from a `DrawTape`, so they run as one graph too, from the second round on
-        where the first round draws as the later ones do (see `taped_rounds`), else from the third."""
+        """Fast mode: whether the rounds ran as one compiled graph (False: the round could not trace as one graph, and
+        the generation ran eagerly, after one RuntimeWarning naming why); None until a fast generation has run."""
         if self._compiled_round is None:
             return None
         return self._compiled_round.failed is None
 
-    def _round_step(self, sampling: SamplingConfig, recorded: bool = False):
-        """The step of every round after the first: `step`, or in compiled mode the whole step as one compiled
-        graph per shape, made once and reused across `generate` calls; sampled rounds read their draws from a
-        `DrawTape` (`taped_rounds`), so seeded outputs stay eager mode's. Not when profiling (its split needs the
-        phase boundaries). A greedy first round runs this step too where target and drafter start in the later
-        rounds' shapes (`_uniform_first_round`), else per part."""
+    def _round_step(self, sampling: SamplingConfig):
+        """The two tiers: every round eagerly (`recorded_round`), or in the fast mode as one compiled graph per shape,
+        made once and reused across `generate` calls. A greedy first round runs the graph too where target and drafter
+        start in the later rounds' shapes (`_uniform_first_round`), else eagerly. Sampled rounds read their draws from
+        a `DrawTape` recorded by the first one or two rounds, run eagerly (`taped_rounds`), so seeded outputs stay
+        eager mode's. Profiling runs eagerly: its split needs the phase boundaries."""
+        eager = functools.partial(recorded_round, self)
         plan = self._plan
-        per_part = functools.partial(recorded_round, self) if recorded else self.step
         if plan is None or not plan.compile or self.profile:
-            return per_part
+            return eager
         key = (type(self.target), type(self.drafter), repr(self.tree), settings_key(self.rule))
         modules = held_modules(self.target, self.drafter)
-        # the undecorated step (the loop runs under no_grad): torch's own decorator frame would be the compiled
-        # frame, shared by every compiled function and outside the guard filter of `compile_static`
-        step = recorded_round if recorded else undecorated_step(type(self))
-        self._compiled_round = shared_round(step, key, modules, plan.mode)
+        self._compiled_round = shared_round(recorded_round, key, modules, plan.mode)
         whole = functools.partial(self._compiled_round, self)
-        if sampling.greedy:
+        if not sampling.greedy:
+            return taped_rounds(eager, whole, self.target.device, self._compiled_round.repeating_tapes,
+                                settings_key(self.drafter))
+        if self._uniform_first_round():
             return whole
-        return taped_rounds(per_part, whole, self.target.device, self._compiled_round.repeating_tapes,
-                            settings_key(self.drafter))
-
-    def _record(self, result: RoundOutput, out, counts, rounds, histogram, active, roots, generators,
-                max_new_tokens, criteria, pad, streamer, batch, alive=None):
-        """Write a round's kept tokens and apply the stopping criteria. Rows that stopped leave the batch, or,
-        in compiled mode (`alive` [B] given), stay with nothing more kept: no host sync here."""
-        new = result.new_tokens  # [b, n]
-        if alive is not None and streamer is None and all(type(c) is EosCriterion for c in criteria):
-            eos = torch.cat([c.eos_ids for c in criteria]) if criteria else None  # one compiled graph does it all
-            take = compiled_helper(record_round)(new, result.num_accepted, out, counts, rounds, histogram, alive,
-                                                 eos, max_new_tokens, pad)
-            return roots, generators, active, take
-        take = torch.minimum(result.num_accepted + 1, max_new_tokens - counts[active])
-        if alive is not None:
-            take = torch.where(alive, take, 0)
-        counted = torch.nn.functional.one_hot(result.num_accepted, histogram.numel()) * (take > 0)[:, None]
-        histogram += counted.sum(0)  # [D+1] (no bincount: it syncs on CUDA)
-        done = take >= max_new_tokens - counts[active]
-        steps = torch.arange(new.shape[1], device=new.device)
-        for criterion in criteria:
-            stops = criterion(new, take, active) & (steps[None, :] < take[:, None])
-            hit = stops.any(1)
-            take = torch.where(hit, stops.to(torch.uint8).argmax(1) + 1, take)
-            done = done | hit
-        out[active[:, None], counts[active][:, None] + steps] = torch.where(steps < take[:, None], new,
-                                                                            out.new_tensor(pad))
-        counts[active] += take
-        rounds[active] += (take > 0).long()
-        _stream_round(streamer, batch, active, new, take)
-        if alive is not None:  # compiled mode: rows stay; the loop's one sync also checks the logits
-            alive &= ~done
-        elif stopped(done, result.target_logits, self.target, rounds[active]):  # + NaN/inf check, same sync
-            keep = (~done).nonzero().flatten()
-            self.select_rows(keep)
-            roots = roots[keep]
-            generators = select_generators(generators, keep.tolist())
-            active = active[keep]
-        return roots, generators, active, take
+        rounds = iter([eager])
+        return lambda *args: next(rounds, whole)(*args)
 
 
 def _stream_prompt(streamer, input_ids: Tensor, attention_mask: Tensor) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specmm.core.compiled import compiled_helper
 
 HINT = ("the weights or inputs hold NaN/inf, or the dtype overflows: check the checkpoint, or run in float32")
 
@@ -73,14 +72,13 @@ def round_flags(done: Tensor, logits: Tensor) -> Tensor:
     return torch.stack([done.any(), nonfinite_rows(logits).any()])
 
 
-def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor, compiled: bool = False) -> bool:
+def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor) -> bool:
     """`bool(done.any())` for the engine's round, in the same single host sync also checking the round's verify
     logits [b, T, V]; raises NonFiniteError naming the model, the round (`rounds`: forwards per live row so
-    far) and the live rows. `compiled`: the flags as one compiled graph (compiled rounds)."""
+    far) and the live rows."""
     if logits is None:
         return bool(done.any())
-    flags = compiled_helper(round_flags) if compiled else round_flags
-    any_done, any_bad = flags(done, logits).tolist()
+    any_done, any_bad = round_flags(done, logits).tolist()
     if any_bad:
         raise_nonfinite_round(logits, model, rounds)
     return any_done

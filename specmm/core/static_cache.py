@@ -1,4 +1,4 @@
-"""`StaticRowCache`: the `RowCache` bookkeeping over preallocated HF `StaticLayer`s, for compiled rounds.
+"""`StaticRowCache`: the `RowCache` bookkeeping over preallocated HF `StaticLayer`s, for the fast mode's rounds.
 
 Every buffer keeps its shape and address for the whole generation, so a compiled forward is reused round
 after round. Row b's committed tokens sit in slots [0, lengths[b]) (slot s holds position s). A round's
@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, StaticLayer
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import StaticPlan, compiled_helper, compiles
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.resident import resident
 from specmm.core.inplace import move_slots_
 
@@ -83,7 +83,7 @@ class StaticRowCache(RowCache):
     """Per-row lengths and an open round over a `Cache` of `StaticLayer`s with `max_len` slots."""
 
     def __init__(self, batch: int, device: torch.device, num_layers: int, max_len: int, reserve: int = 0,
-                 compile: bool = False, owner: object | None = None, role: str = "model", mode: str | None = None):
+                 owner: object | None = None, role: str = "model", mode: str | None = None):
         self.cache = Cache(layers=[StaticLayer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
         self.longest = max_len - reserve  # a row's committed length never passes this: one round always fits
@@ -95,9 +95,6 @@ class StaticRowCache(RowCache):
         self.slots = torch.arange(max_len, device=device)  # [S]
         self._round_positions: list[Tensor] = []
         self._round_attend: Tensor | None = None
-        # compiled mode runs the round's masks and commits as compiled graphs too (a few eager ops each)
-        self._compiled = (compiled_helper(round_mask), compiled_helper(commit_slots)) if compile else None
-        self._fast_round = False  # whether the open round's masks and commit run compiled
 
     def _keep(self, name: str, value: Tensor) -> Tensor:
         if self._resident is None:
@@ -128,23 +125,19 @@ class StaticRowCache(RowCache):
         """Whether HF has allocated the layers (on the first forward, which therefore runs eager)."""
         return all(layer.is_initialized for layer in self.cache.layers)
 
-    def open_slots(self, positions: Tensor, attend: Tensor, fast: bool = False) -> Tensor:
-        """Register n new round slots; returns the [B, 1, n, S] bool mask for running them.
+    def open_slots(self, positions: Tensor, attend: Tensor) -> Tensor:
+        """Register n new round slots; returns the [B, 1, n, S] bool mask for running them. A round's slots start
+        at P, where every commit, rollback and row selection left each layer's write position.
 
         positions: [B, n]; attend: [B, n, R + n] which round slots (earlier ones, then the new) each sees.
-        fast: the round (opened by this call) runs its masks and commit compiled, when this cache compiles:
-        rounds of a few shapes (trees, pending tokens), not prefills, whose every prompt length is a shape.
         """
         batch, n = positions.shape
         self._settle()
-        if self.round_length == 0:  # a round opens: its slots start at P, where every commit, rollback and row
-            self._fast_round = fast and self._compiled is not None  # selection left each layer's write position
         self._round_positions.append(positions)
         previous = self._round_attend
         self._round_attend = attend if previous is None else torch.cat(
             [torch.cat([previous, attend.new_zeros(batch, previous.shape[1], n)], -1), attend], 1)
-        mask = self._compiled[0] if self._fast_round else round_mask
-        return mask(attend, self.slots, self.round_start, self.lengths)
+        return round_mask(attend, self.slots, self.round_start, self.lengths)
 
     def slot_positions(self, mask: Tensor) -> tuple[Tensor, Tensor]:
         """(queries [B, n], keys [B, S]): the position of each new slot and of every slot of the cache."""
@@ -158,8 +151,7 @@ class StaticRowCache(RowCache):
         self._settle()
         slots = slots[:, : self.round_length]
         layers = [layer for layer in self.cache.layers if layer.is_initialized]
-        commit = self._compiled[1] if self._fast_round else commit_slots
-        commit([t for layer in layers for t in (layer.keys, layer.values)],
+        commit_slots([t for layer in layers for t in (layer.keys, layer.values)],
                      [layer.cumulative_length for layer in self.cache.layers], self.lengths, self.round_start,
                      slots.contiguous(), counts, self.longest)
         self._round_positions = []

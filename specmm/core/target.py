@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import GRAPHED, StaticPlan, compiled_forward
+from specmm.core.compiled import StaticPlan
 from specmm.core.limits import check_position_scheme, check_decoder_cache, position_limit
 from specmm.core.slot_cache import SlotRowCache
 from specmm.core.static_cache import StaticRowCache
@@ -135,15 +135,13 @@ class ModelRunner:
         kinds = self.layout.kinds
         self.mask_kinds = kinds if len(kinds) == 1 else tuple(dict.fromkeys(("full_attention", *kinds)))
         self.position_limit = position_limit(model)  # rows of an absolute position table, None for RoPE models
-        self.compiled = None
         if static is None:  # row_slots: sub-batches are views of one set of buffers (`SlotRowCache`)
             self.cache = (SlotRowCache if row_slots else RowCache)(batch, model_device(model))
-        else:  # the fast path: preallocated static layers, compiled forwards once the cache is allocated
+        else:  # the fast mode: preallocated static layers, which the round's graph writes in place
             # a model whose layers outnumber its config's (a drafter head with extra cached layers) says so
             layers = getattr(model, "num_cache_layers", None) or model.config.get_text_config().num_hidden_layers
             self.cache = StaticRowCache(batch, model_device(model), layers, static.max_len, static.reserve,
-                                        compile=static.compile, owner=model, role=role, mode=static.mode)
-            self.compiled = compiled_forward(model, static.mode, hooked=capture) if static.compile else None
+                                        owner=model, role=role, mode=static.mode)
         self.capture = capture
         self._captured: Tensor | None = None
         self._hook = capture.register_forward_hook(self._capture) if capture is not None else None
@@ -177,18 +175,11 @@ class ModelRunner:
             order = positions
         if self.position_limit is not None:
             positions = positions.clamp(max=self.position_limit - 1)
-        # prefills (logits_to_keep, or the first forward) stay eager: one shape per prompt length
-        fast = self.compiled is not None and "logits_to_keep" not in inputs and self.cache.allocated
-        full = self.cache.open_slots(order, attend, fast=fast)
+        full = self.cache.open_slots(order, attend)
         masks = {kind: self._format(self._restricted(kind, full)) for kind in self.mask_kinds}
         mask = next(iter(masks.values())) if len(masks) == 1 else masks
-        call = self.compiled if fast else self.model
-        out = call(attention_mask=mask, position_ids=positions, use_cache=True,
-                   **{self.cache_keyword: self.cache.cache}, **inputs)
-        graphed = fast and self.compiled.run_mode == GRAPHED
-        if graphed and self._captured is not None and not torch.compiler.is_compiling():
-            self._captured = self._captured.clone()  # the hook kept a CUDA graph's output buffer (`graph_state`)
-        return out
+        return self.model(attention_mask=mask, position_ids=positions, use_cache=True,
+                          **{self.cache_keyword: self.cache.cache}, **inputs)
 
     def _restricted(self, kind: str, full: Tensor) -> Tensor:
         """The [B, 1, n, S] mask of layers of `kind` from the causal tree mask `full`."""
@@ -291,7 +282,7 @@ class Target(Protocol):
 
     Optional: `check_roots(roots [B])`, which the engine's `begin` calls with the first roots (a VLM target refuses a
     prompt that ends inside an image), and `uniform_first_round`, true where the first verify has the later ones'
-    shapes, so that compiled mode runs the first round through the later rounds' graph (drafters say it too)."""
+    shapes, so that the fast mode runs a greedy first round through the later rounds' graph (drafters say it too)."""
 
     vocab_size: int
     device: torch.device

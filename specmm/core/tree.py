@@ -15,7 +15,6 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from specmm.core.compiled import compiled_helper
 from specmm.core.sampling import Generators, SamplingConfig, process_logits, sample
 
 
@@ -136,13 +135,12 @@ class DraftTree:
         return (at_level.long() * nodes).sum(-1)
 
 
-def limit_depth(tree: DraftTree, max_depth: Tensor, compiled: bool = False) -> DraftTree:
+def limit_depth(tree: DraftTree, max_depth: Tensor) -> DraftTree:
     """Row b keeps only nodes at depth <= max_depth[b] ([B]) whose ancestors are all valid; the others become
     invalid padding at depth 0, so verification runs them at the root's position (never past a position
-    limit or a row's token budget) and ignores them. `compiled`: as one compiled graph (compiled rounds)."""
-    cut = compiled_helper(limited_tables) if compiled else limited_tables
+    limit or a row's token budget) and ignores them."""
     known = tree.__dict__.get("ancestors")
-    valid, depth, ancestors = cut(tree.parents, tree.depth, tree.valid, max_depth, tree.max_depth, known)
+    valid, depth, ancestors = limited_tables(tree.parents, tree.depth, tree.valid, max_depth, tree.max_depth, known)
     limited = dataclasses.replace(tree, valid=valid, depth=depth)
     limited.__dict__["ancestors"] = ancestors
     return limited
@@ -218,16 +216,15 @@ after n nodes, each reached from the root by the d tokens of its path."""
 
 
 def grow_tree(spec: TreeSpec, roots: Tensor, root_logits: Tensor, expand: Expand,
-              sampling: SamplingConfig, generators: Generators = None, compiled: bool = False,
+              sampling: SamplingConfig, generators: Generators = None,
               process: ProcessDrafts | None = None) -> DraftTree:
-    """Build a [B] batch of draft trees under `roots` from a drafter step function. `compiled` (compiled
-    rounds): a dynamic tree's work between drafter runs runs as compiled graphs. `process`: the target's logits
+    """Build a [B] batch of draft trees under `roots` from a drafter step function. `process`: the target's logits
     processors, applied to the draft logits after each node before tokens are picked."""
     if spec.kind == "chain":
         return _grow_chain(spec, roots, root_logits, expand, sampling, generators, process)
     if spec.kind == "static":
         return _grow_static(spec, roots, root_logits, expand, process)
-    return _grow_dynamic(spec, roots, root_logits, expand, compiled, process)
+    return _grow_dynamic(spec, roots, root_logits, expand, process)
 
 
 def _processed_root(root_logits: Tensor, process: ProcessDrafts | None) -> Tensor:
@@ -310,20 +307,18 @@ def _path_below_root(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def _grow_dynamic(spec, roots, root_logits, expand, compiled: bool = False, process=None) -> DraftTree:
+def _grow_dynamic(spec, roots, root_logits, expand, process=None) -> DraftTree:
     """EAGLE-2: a top-k frontier per level scored by cumulative log-prob, then the global best nodes.
 
-    The tensor work between drafter runs is three pure steps (`dynamic_first`, `dynamic_level`, `dynamic_pick`);
-    `compiled` runs each as a compiled graph (compiled rounds), about a hundred eager ops fewer per round."""
-    step = compiled_helper if compiled else (lambda fn: fn)
+    The tensor work between drafter runs is three pure steps (`dynamic_first`, `dynamic_level`, `dynamic_pick`)."""
     k = spec.top_k
-    level_state, pool = step(dynamic_first)(_processed_root(root_logits, process), k)
+    level_state, pool = dynamic_first(_processed_root(root_logits, process), k)
     for level in range(2, spec.depth + 1):
         logits = expand(level_state[1], level_state[3])  # [B, K, V] children of the frontier
         if process is not None:
             logits = process(logits, frontier_paths(level_state, pool, level - 1))
-        level_state, pool = step(dynamic_level)(logits, level_state, pool, level, k)
-    tokens, parents, depth, node_slots, ancestors = step(dynamic_pick)(roots, pool, spec.total_tokens, spec.depth)
+        level_state, pool = dynamic_level(logits, level_state, pool, level, k)
+    tokens, parents, depth, node_slots, ancestors = dynamic_pick(roots, pool, spec.total_tokens, spec.depth)
     tree = DraftTree(tokens=tokens, parents=parents, depth=depth, valid=torch.ones_like(tokens, dtype=torch.bool),
                      max_depth=spec.depth, max_children=k, node_slots=node_slots)
     tree.__dict__["ancestors"] = ancestors

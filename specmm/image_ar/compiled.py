@@ -1,12 +1,10 @@
-"""Compiled mode of the image sampler (`ImageSampler(compile=True)`).
+"""The fast mode of the image sampler (`ImageSampler(compile=True)`).
 
 Each pure tensor part of a round is an `nn.Module` (the guided verify and the cache commit in `target`, the
-Jacobi draft in `jacobi`, the drafter head run in `drafter`; the engine's compiled mode runs the acceptance
-walk of `specmm.core.compiled_accept`). Eager mode calls them directly; compiled mode runs them through
-`specmm.core.compiled.compiled_forward` (static shapes per window or
-tree size, one graph per shape, shared by every sampler of the model; eager with one warning naming the reason
-if a part cannot compile). Random draws are made eagerly before a part runs, in eager mode's order, so both
-modes give the same tokens, and nothing in a part reads a tensor on the host.
+Jacobi draft in `jacobi`, the drafter round in `drafter`), kept once per model (`part`). The engine calls them in
+its rounds, eagerly or traced into the round's one graph; plain decoding's step (`DecodeStep`) runs through
+`run`, compiled on its own (`specmm.core.compiled.compiled_forward`). Random draws are made before a part runs, in
+eager mode's order, so both modes give the same tokens, and nothing in a part reads a tensor on the host.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from specmm.core.compiled import StaticPlan, compile_failure, compiled_forward, graph_mode
-from specmm.core.compiled_accept import WALK, AcceptWalk
+from specmm.core.compiled_accept import AcceptWalk
 from specmm.image_ar.llamagen.gpt import KVCache
 
 
@@ -70,8 +68,8 @@ def static_buffers(tensors: list[Tensor], plan: StaticPlan | None) -> None:
 
 
 def compile_failures(*owners: nn.Module | None) -> list[str]:
-    """Why parts of `owners` (a GPT, a drafter head) or the acceptance walk could not compile ([] when all did)."""
-    parts = [WALK] + [p for o in owners if o is not None for p in o.__dict__.get("_specmm_image_parts", {}).values()]
+    """Why compiled parts of `owners` (a GPT, a drafter head) could not compile ([] when all did)."""
+    parts = [p for o in owners if o is not None for p in o.__dict__.get("_specmm_image_parts", {}).values()]
     reasons = [(type(p).__name__, compile_failure(p)) for p in parts]
     return [f"{name}: {why}" for name, why in reasons if why is not None]
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from specmm.core.acceptance import AcceptResult
-from specmm.core.compiled import StaticPlan, compiles
+from specmm.core.compiled import StaticPlan
 from specmm.core.drafters import CountsForwards, RoundSlots, accepted_tokens
 from specmm.core.sampling import Generators, SamplingConfig
 from specmm.core.target import FEATURES, PrefillOutput
@@ -29,7 +29,7 @@ from specmm.image_ar.llamagen.gpt import (
     TransformerBlock,
     rope_table_2d,
 )
-from specmm.image_ar.compiled import kept_cache, part, run
+from specmm.image_ar.compiled import kept_cache, part
 from specmm.image_ar.target import GuidedTarget, cache_rows, combine, pack
 from specmm.jobs.atomic import atomic_write_bytes, atomic_write_text
 
@@ -74,7 +74,7 @@ class ImageDrafter(CountsForwards):
         self.vocab_size, self.device = gpt.config.vocab_size, gpt.tok_embeddings.weight.device
         self.draft_forwards = 0
         self.target: GuidedTarget | None = None
-        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: head runs compiled
+        self.static_plan: StaticPlan | None = None  # set by the engine in the fast mode: a kept cache
 
     @classmethod
     def for_target(cls, gpt: LlamaGenGPT, **overrides) -> ImageDrafter:
@@ -152,16 +152,13 @@ class ImageDrafter(CountsForwards):
 
     @torch.no_grad()
     def draft(self, roots: Tensor, spec: TreeSpec, sampling: SamplingConfig, generators: Generators) -> DraftTree:
-        """Run the pending tokens, then grow the tree. In compiled mode a deterministic tree (dynamic, static, or a
-        greedy chain) is drafted by one compiled graph; a sampled chain, which draws from the generators between
-        head runs, runs its head runs compiled one by one."""
+        """Run the pending tokens, then grow the tree (in the fast mode, traced into the round's one graph; a sampled
+        chain draws from the round's draw tape there)."""
         tokens, features, valid = self.pending
-        plan = self.static_plan
-        whole = compiles(plan) and (spec.kind != "chain" or sampling.greedy)
-        out = run(part(self.head, DraftRound, self.gpt), plan if whole else None, roots=roots, tokens=tokens,
-                  features=features, valid=valid, lengths=self.lengths, cache=self.cache,
-                  cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,
-                  generators=None if whole else generators, head_plan=None if whole else plan)
+        out = part(self.head, DraftRound, self.gpt)(
+            roots=roots, tokens=tokens, features=features, valid=valid, lengths=self.lengths, cache=self.cache,
+            cfg_scale=self.target.cfg_tensor, guided=self.target.guided, spec=spec, sampling=sampling,
+            generators=generators)
         self.lengths = out[-1]
         self.count_forwards(head_runs(spec))
         return DraftTree(*out[:4], max_depth=spec.depth, max_children=spec.max_children, draft_probs=out[5],
@@ -227,16 +224,16 @@ class DraftRound(nn.Module):
         self.block = head.config.block_size
 
     def forward(self, roots: Tensor, tokens: Tensor, features: Tensor, valid: Tensor, lengths: Tensor, cache: KVCache,
-                cfg_scale: Tensor, guided: bool, spec: TreeSpec, sampling: SamplingConfig, generators: Generators,
-                head_plan: StaticPlan | None) -> tuple:
+                cfg_scale: Tensor, guided: bool, spec: TreeSpec, sampling: SamplingConfig, generators: Generators
+                ) -> tuple:
         """-> the tree's tokens, parents, depth, valid, node_slots, draft_probs, and the new lengths [B]."""
         batch, width = tokens.shape
         device = tokens.device
         length = cache.length
 
         def head(new_tokens, new_features, cells, slots, attend, logits=False):
-            return run(self.run_head, head_plan, tokens=new_tokens, features=new_features, cells=cells, slots=slots,
-                       attend=attend, cache=cache, cfg_scale=cfg_scale, guided=guided, logits=logits)
+            return self.run_head(tokens=new_tokens, features=new_features, cells=cells, slots=slots, attend=attend,
+                                 cache=cache, cfg_scale=cfg_scale, guided=guided, logits=logits)
 
         keys = torch.arange(length, device=device)
         slots = lengths[:, None] + torch.arange(width, device=device)  # [B, P] valid entries are a prefix

@@ -4,7 +4,7 @@ Each round verifies [root, d_1 .. d_{L-1}]. After acceptance, the target outputs
 (conditioned on a partly wrong prefix) are sampled and become the next drafts, each keeping the
 distribution it was drawn from; the window is refilled with initialised tokens (point masses): `random`,
 `repeat_left` (the token one column left) or `repeat_up` (the token one grid row up). The draft itself is a
-module (`JacobiDraft`) run on draws made beforehand, compiled in compiled mode.
+module (`JacobiDraft`) run on draws made beforehand, traced into the round's graph in the fast mode.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from specmm.core.sampling import (
 )
 from specmm.core.target import PrefillOutput
 from specmm.core.tree import DraftTree, TreeSpec
-from specmm.image_ar.compiled import part, run
+from specmm.image_ar.compiled import part
 from specmm.image_ar.target import GuidedTarget
 
 INITS = ("random", "repeat_left", "repeat_up")
@@ -48,7 +48,7 @@ class JacobiProposer:
         self.vocab_size, self.device = target.vocab_size, target.device
         self.grid = target.grid_size
         self.draft_forwards = 0
-        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode: the draft runs compiled
+        self.static_plan: StaticPlan | None = None  # set by the engine in the fast mode
 
     def check_spec(self, spec: TreeSpec) -> None:
         if spec.kind != "chain" or spec.depth != self.window - 1:
@@ -72,7 +72,7 @@ class JacobiProposer:
         if self.stale_logits is not None and not sampling.greedy:
             stale_noise = exponential(batch, (k, self.vocab_size), generators, device)  # [B, k, V]
         noise = uniform(batch, (k,), generators, device)  # [B, k]
-        tokens, draft_probs = run(part(self.target.owner, JacobiDraft), self.static_plan, roots=roots, noise=noise,
+        tokens, draft_probs = part(self.target.owner, JacobiDraft)(roots=roots, noise=noise,
                                   stale_logits=self.stale_logits, stale_noise=stale_noise, accepted=self.accepted,
                                   known=self.known, history=self.history, k=k, init=self.init, grid=self.grid,
                                   vocab=self.vocab_size, sampling=sampling)

@@ -3,8 +3,9 @@
 Both halves get the same draft tokens, tree masks and commits; logits are combined as
 l_u + s (l_c - l_u) before the shared sampling order (guidance switched off past `cfg_interval`, as
 upstream). Rows are ragged: row b has committed `lengths[b]` image tokens, and a round's tree nodes sit in
-the cache slots right after them. The verify and the commit are modules (`GuidedVerify`, `CacheCommit`) that
-compiled mode (`static_plan` set) runs compiled over a cache kept across generations of the same shape.
+the cache slots right after them. The verify and the commit are modules (`GuidedVerify`, `CacheCommit`), which the
+fast mode (`static_plan` set) traces into the round's graph over a cache kept across generations of the same shape;
+plain decoding (`DecodeStep`) runs compiled on its own.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ class GuidedTarget:
         nodes = tree.tokens.shape[1]
         if nodes > self.max_nodes:
             raise ValueError(f"tree: {nodes} nodes exceed the {self.max_nodes} reserved by begin(max_nodes=...)")
-        logits, features = run(part(self.gpt, GuidedVerify), self.static_plan, tokens=tree.tokens,
-                               parents=tree.parents, depth=tree.depth, lengths=self.lengths, key_valid=self.key_valid,
+        logits, features = part(self.gpt, GuidedVerify)(
+            tokens=tree.tokens, parents=tree.parents, depth=tree.depth, lengths=self.lengths, key_valid=self.key_valid,
                                cache=self.cache, cfg_scale=self.cfg_tensor, max_depth=tree.max_depth,
                                guided=self.guided, cfg_interval=self.cfg_interval, features=FEATURES in self.needs)
         self.last_logits = logits
@@ -133,8 +134,8 @@ class GuidedTarget:
 
     def commit(self, path: Tensor, counts: Tensor) -> None:
         """Move the kept nodes `path[b, :counts[b]]` next to the committed tokens, on both halves."""
-        self.lengths = run(part(self.gpt, CacheCommit), self.static_plan, cache=self.cache, path=path, counts=counts,
-                           lengths=self.lengths, guided=self.guided)
+        self.lengths = part(self.gpt, CacheCommit)(cache=self.cache, path=path, counts=counts, lengths=self.lengths,
+                                                   guided=self.guided)
 
     def select_rows(self, rows: Tensor) -> None:
         kept = torch.cat([rows, rows + self.batch]) if self.guided else rows

@@ -2,8 +2,8 @@
 
 Importing this package registers the SSM target adapter, so `SpeculativeGenerator(target=mamba2_model, ...)`
 picks it up for `Mamba2ForCausalLM`, `BambaForCausalLM`, `NemotronHForCausalLM`, `Zamba2ForCausalLM`,
-`FalconH1ForCausalLM` and `GraniteMoeHybridForCausalLM`, in eager and in compiled mode (`compile=True`: the verify and
-the state commit run as compiled graphs, `specmm.ssm.steps`).
+`FalconH1ForCausalLM` and `GraniteMoeHybridForCausalLM`, in eager and in the fast mode (`compile=True`: each round,
+the verify and the state commit of `specmm.ssm.steps` included, runs as one compiled graph).
 """
 
 from specmm.core.target import register_target_adapter

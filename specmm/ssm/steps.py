@@ -1,10 +1,10 @@
-"""The two units an SSM target runs per round, as modules so compiled mode can `torch.compile` each one whole.
+"""The two units an SSM target runs per round, as modules the fast mode traces into the round's one graph.
 
 `TreeVerify` builds the tree layout (conv-window indices, ancestor masks) and runs one stock forward with every
 Mamba2 mixer's `forward` swapped for the tree mixer; `StateCommit` sets every layer's conv/SSM state to the
-accepted node's, in closed form or by replay, in place. Compiled mode uses one `TreeSteps` per HF model, shared
-by all its adapters (`tree_steps`): the swapped-in mixer functions are created once, so compiled graphs (which
-guard on them) are reused across generations and adapters. In eager mode each adapter runs its own, uncompiled.
+accepted node's, in closed form or by replay, in place. The fast mode uses one `TreeSteps` per HF model, shared
+by all its adapters (`tree_steps`): the swapped-in mixer functions are created once, so the round's graphs (which
+guard on them) are reused across generations and adapters. In eager mode each adapter runs its own.
 """
 
 from __future__ import annotations

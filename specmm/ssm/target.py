@@ -7,9 +7,9 @@ store and never writes it. Attention layers of hybrids get per-layer-type mask d
 a per-row KV cache) and positions prefix + depth. `commit` sets the SSM states of the accepted node in
 closed form (or, for the vanilla baseline, by replaying the accepted inputs) and gathers the accepted KV rows.
 
-Compiled mode (the engine sets `static_plan`): the attention layers get a `StaticRowCache`, and the verify (layout,
-conv-window gather, tree scan, attention) and the state commit each run as one `torch.compile`d graph per tree
-shape and batch width (`specmm.ssm.steps`); prefills stay eager. A graph that cannot compile warns and runs eager.
+The fast mode (the engine sets `static_plan`): the attention layers get a `StaticRowCache`, the states are written
+in place, and the verify (layout, conv-window gather, tree scan, attention) and the state commit (`specmm.ssm.steps`,
+shared by every adapter of the model) are traced into the round's one graph; prefills stay eager.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from specmm.core.cache import RowCache
-from specmm.core.compiled import CompiledForward, StaticPlan, compile_failure, compiled_forward, compiles
+from specmm.core.compiled import StaticPlan, compiles
 from specmm.core.resident import resident
 from specmm.core.static_cache import StaticRowCache
 from specmm.core.target import (
@@ -125,14 +125,7 @@ class SSMTarget:
         self._records: dict[int, TreeRecord] = {}
         self._own_steps = TreeSteps(model, self.mixers)  # eager; compiled mode uses the model's shared steps
         self.steps = self._own_steps
-        self.static_plan: StaticPlan | None = None  # set by the engine in compiled mode
-        self._compiled: tuple[CompiledForward, CompiledForward] | None = None  # (verify, commit) when compiling
-
-    @property
-    def compile_failure(self) -> str | None:
-        """Why a compiled graph of this target fell back to eager (None: it compiled, or was never asked to)."""
-        commit = self.steps.commits[self.commit_mode == "replay"]
-        return compile_failure(self.steps.verify) or compile_failure(commit)
+        self.static_plan: StaticPlan | None = None  # set by the engine in the fast mode
 
     # ------------------------------------------------------------------------------------------- protocol
 
@@ -151,22 +144,18 @@ class SSMTarget:
             self.kv = StaticRowCache(batch, self.device, len(self.attention_layers), plan.max_len, plan.reserve,
                                      owner=self.model, role="ssm-attention", mode=mode)
             self.kv.cache = _StaticAttentionKV(self.kv.cache.layers, self.attention_layers)
-        self._compiled = None
         # the depth of the verify's prompt nodes: 0 in the first verify (its roots are the prompts' last tokens), -1
         # (none) after it; a tensor, written in place, so the first round runs the later rounds' compiled graph
         self._prompt_depth = resident(self.model, "prompt-depth", torch.zeros((), dtype=torch.long,
                                                                               device=self.device), mode)
         self.steps = self._own_steps
-        if compiles(plan):  # one set of graphs per model, reused by every adapter of it
+        if compiles(plan):  # the model's shared steps: every adapter of it traces the same functions, one graph
             self.steps = tree_steps(self.model, self.mixers)
-            commit = self.steps.commits[self.commit_mode == "replay"]
-            verify = compiled_forward(self.steps.verify, plan.mode)
-            self._compiled = (verify, compiled_forward(commit, verify.run_mode))
         self.steps.tree_pass.install()
 
     def close(self) -> None:
         self.steps.tree_pass.uninstall()
-        self.states, self.kv, self._records, self._compiled = None, None, {}, None
+        self.states, self.kv, self._records = None, None, {}
 
     def check_model_inputs(self, model_inputs: dict) -> None:
         if model_inputs:
@@ -185,7 +174,7 @@ class SSMTarget:
             self._forward(ids, parents, depth, ancestors, valid, positions, logits_to_keep=1, prompt=True)
             counts = valid.sum(1)  # [B]
             kept_first = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, P] valid first
-            self._commit(kept_first, counts, replay=False, compiled=False)  # the prompt is certain: no rollback
+            self._commit(kept_first, counts, replay=False)  # the prompt is certain: no rollback
         return PrefillOutput()
 
     @torch.no_grad()
@@ -201,7 +190,7 @@ class SSMTarget:
 
     @torch.no_grad()
     def commit(self, path: Tensor, counts: Tensor) -> None:
-        self._commit(path, counts, replay=self.commit_mode == "replay", compiled=True)
+        self._commit(path, counts, replay=self.commit_mode == "replay")
 
     def select_rows(self, rows: Tensor) -> None:
         self.states.select_rows(rows)
@@ -212,20 +201,14 @@ class SSMTarget:
 
     def _forward(self, tokens: Tensor, parents: Tensor, depth: Tensor, ancestors: Tensor, valid: Tensor,
                  positions: Tensor | None, logits_to_keep: int = 0, prompt: Tensor | bool = False) -> Tensor:
-        """One stock forward over n nodes with the tree mixers swapped in; keeps the per-layer commit records.
-
-        Compiled when compiling, except prefills (`logits_to_keep`) and a forward that allocates the static KV."""
+        """One stock forward over n nodes with the tree mixers swapped in; keeps the per-layer commit records."""
         verify = self.steps.verify
         inputs = dict(input_ids=tokens, parents=parents, depth=depth, ancestors=ancestors, valid=valid,
                       conv=self.states.conv, ssm=self.states.ssm, scan_dtype=self.scan_dtype,
                       logits_to_keep=logits_to_keep, prompt=prompt)
-        allocating = False
         if self.kv is not None:
             mask = self._format(self.kv.open_slots(positions, tree_attention(ancestors, valid)))  # [B, 1, n, S]
             inputs.update(attention_mask=mask, position_ids=positions, past_key_values=self.kv.cache)
-            allocating = isinstance(self.kv, StaticRowCache) and not self.kv.allocated  # HF allocates it lazily
-        if self._compiled is not None and logits_to_keep == 0 and not allocating:
-            verify = self._compiled[0]
         try:
             logits, self._records = verify(**inputs)
         finally:
@@ -239,16 +222,10 @@ class SSMTarget:
         return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(self.dtype).min)
 
-    def _commit(self, path: Tensor, counts: Tensor, replay: bool, compiled: bool) -> None:
+    def _commit(self, path: Tensor, counts: Tensor, replay: bool) -> None:
         """Keep nodes path[b, :counts[b]] of the last forward (rows with counts 0 keep their states)."""
         if self._records:
             commit = self.steps.commits[replay]
-            if compiled and self._compiled is not None:
-                verify, commit = self._compiled
-                if commit.mode != verify.run_mode:  # the verify graph-broke: its commit records, which dynamo
-                    # marked static as module attributes, are new each round, so no CUDA graphs for the commit
-                    commit = compiled_forward(commit.model, verify.run_mode)
-                    self._compiled = (verify, commit)
             ancestors = next(iter(self._records.values())).ancestors
             commit(records=self._records, path=path, counts=counts, ancestors=ancestors, conv=self.states.conv,
                    ssm=self.states.ssm)

@@ -16,7 +16,7 @@ import torch
 
 import specmm
 from specmm.core import compiled as compiled_mode
-from specmm.core.compiled import GRAPHED, compiled_forward, run_graphed
+from specmm.core.compiled import GRAPHED, run_graphed
 from specmm.core.static_cache import StaticRowCache
 from specmm.drafters import EagleDrafter, ModelDrafter
 from tests.conftest import left_padded_batch, perturbed_copy, tiny_model
@@ -83,17 +83,15 @@ def test_compiled_eagle_greedy_equals_generate(capture_only):
     assert gen.whole_round  # the whole round as one graph: forwards, tree growth, walk, commits
 
 
-def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only, monkeypatch):
+def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens(capture_only):
     """Per-row generators, a ragged batch: rounds after the second read their draws from a tape made eagerly from
     the same generators in the same order, so the tokens are eager mode's, row by row. The rounds that record the
-    tape run per part: compiled part by part (the chain here, `COMPILE_FIRST_ROUNDS`), or eager, when the whole-round
-    graph is the one graph the generation compiles (the tree)."""
+    tape run eagerly, so the whole-round graph is the one graph the generation compiles."""
     target = tiny_model("llama")
     draft = perturbed_copy(target, 0.3)
     ids, mask = left_padded_batch([3, 8, 5], seed=4)
     sampling = specmm.SamplingConfig(temperature=0.9, top_k=20)
-    for (name, tree), compiled_parts in zip(TREE_KINDS.items(), (True, False)):
-        monkeypatch.setattr(compiled_mode, "COMPILE_FIRST_ROUNDS", compiled_parts)
+    for name, tree in TREE_KINDS.items():
         outputs, graphs = [], compiled_mode.graphs_compiled()
         for compile in (False, True):
             gen = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=tree, compile=compile)
@@ -105,7 +103,7 @@ def test_sampled_compiled_rounds_run_as_one_graph_with_eager_modes_seeded_tokens
         assert compiled.stats.accepted_histogram == eager.stats.accepted_histogram
         assert min(compiled.stats.target_forwards_per_row) > 2 and gen.whole_round, name
         graphs = compiled_mode.graphs_compiled() - graphs
-        assert graphs > 2 if compiled_parts else graphs == 1, f"{name}: {graphs} graphs"
+        assert graphs == 1, f"{name}: {graphs} graphs"
 
 
 @pytest.mark.parametrize("tree_name", ["chain-sampled", "dynamic-deterministic"])
@@ -284,44 +282,45 @@ def test_a_target_that_graph_breaks_inside_its_layers_decodes_the_eager_tokens(c
     assert len([w for w in seen if "one graph" in str(w.message)]) == 1 and not compiled.whole_round  # once
 
 
-def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_ungraphed(monkeypatch):
-    """Under CUDA graphs' rules (`tests.graph_pool`) the shared per-layer frames of the test above would be recorded
-    again at every layer (static inputs: each layer's weights). The target's forward runs compiled without CUDA
-    graphs instead, with one warning naming the break; the drafter's stays graphed; the eager tokens."""
+def test_under_cuda_graphs_a_target_that_graph_breaks_inside_its_layers_runs_eagerly(monkeypatch):
+    """Under CUDA graphs' rules (`tests.graph_pool`) a round whose target breaks inside every layer cannot be one
+    graph: the generation runs eagerly, with one warning naming the reason, and records no CUDA graph at all (a
+    per-layer frame would be recorded again at every layer); the eager tokens."""
     from tests.graph_pool import graphed_on_cpu
 
     target, draft = breaking_llama(monkeypatch), tiny_model("llama", seed=5, num_hidden_layers=1)
     ids, mask = left_padded_batch([4, 7], seed=1)
-    chain = specmm.TreeSpec.chain(2)  # each per-part graph is a trace of its own: the shortest chain
+    chain = specmm.TreeSpec.chain(2)
     eager = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain).generate(ids, mask, max_new_tokens=8)
     pool = graphed_on_cpu(monkeypatch)
     compiled = specmm.SpeculativeGenerator(target, ModelDrafter(draft), tree=chain, compile=True)
     with pytest.warns(RuntimeWarning) as seen:
         for _ in range(2):
             assert torch.equal(compiled.generate(ids, mask, max_new_tokens=8).sequences, eager.sequences)
-    assert pool.calls > 0 and pool.rerecorded == pool.skipped == pool.hosted == []  # the drafter's graphs replay
-    ungraphed = [str(w.message) for w in seen if "without CUDA graphs" in str(w.message)]
-    assert len(ungraphed) == 1 and ungraphed[0].startswith("compile=True: LlamaForCausalLM does not trace"), ungraphed
-    assert compiled_forward(target, GRAPHED).run_mode is None and compiled_forward(draft, GRAPHED).run_mode == GRAPHED
+    warned = [str(w.message) for w in seen if "one graph" in str(w.message)]
+    assert len(warned) == 1 and warned[0].endswith("it runs eagerly"), warned
+    assert compiled.whole_round is False and pool.calls == 0 and pool.rerecorded == pool.skipped == []
 
 
-def test_a_forward_hook_gets_graphs_of_its_own(capture_only):
-    """Dynamo does not guard on module hooks: a graph traced without the feature-capture hook would run without it
-    (stale features for EAGLE after a plain drafter over the same target and shapes), so a hooked caller gets its
-    own compiled forward, and the plain one stays without the hook."""
+def test_a_round_traced_with_a_feature_hook_is_not_run_without_it(capture_only):
+    """An EAGLE round captures the target's features through a hook on its final norm; a plain drafter's round over
+    the same target and shapes has no hook. Alternating them, each compiled generation accepts exactly as its eager
+    twin does: no round runs a graph traced with a hook since removed, or without the hook it needs."""
     target = tiny_model("llama")
-    ids = torch.randint(1, 50, (2, 5))
-    compiled_forward(target)(input_ids=ids)  # traced without the hook
-    norm, seen = target.model.norm, []
-    handle = norm.register_forward_hook(lambda module, args, out: seen.append(out))
-    expected = target(input_ids=ids, output_hidden_states=True).hidden_states[-1]
-    seen.clear()
-    compiled_forward(target, hooked=norm)(input_ids=ids)
-    assert len(seen) == 1 and torch.equal(seen[0], expected)
-    handle.remove()
-    compiled_forward(target)(input_ids=ids)
-    compiled_forward(target, hooked=norm)(input_ids=ids)  # a graph traced with a hook since removed: not called
-    assert len(seen) == 1
+    ids, mask = left_padded_batch([3, 6], seed=5)
+    torch.manual_seed(0)
+    head = EagleDrafter.for_target(target)
+    draft = perturbed_copy(target, 0.3)
+    tree = specmm.TreeSpec.chain(3)
+    makers = {"eagle": lambda: head, "model": lambda: ModelDrafter(draft)}
+    expected = {name: specmm.SpeculativeGenerator(target, make(), tree=tree).generate(ids, mask, max_new_tokens=10)
+                for name, make in makers.items()}
+    for name in ("eagle", "model", "eagle", "model"):
+        gen = specmm.SpeculativeGenerator(target, makers[name](), tree=tree, compile=True)
+        out = gen.generate(ids, mask, max_new_tokens=10)
+        assert torch.equal(out.sequences, expected[name].sequences) and gen.whole_round, name
+        assert out.stats.accepted_histogram == expected[name].stats.accepted_histogram, name
+        assert not target.model.norm._forward_hooks, "the feature hook outlived its generation"
 
 
 class _Pair(NamedTuple):

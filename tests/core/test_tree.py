@@ -127,20 +127,6 @@ def test_dynamic_tree_is_eagle2_selection(depth, top_k, total):
         assert (tree.parents[b, 1:] < torch.arange(1, total)).all()  # parents precede children
 
 
-def test_compiled_dynamic_growth_builds_the_eager_tree(capture_only):
-    """Compiled rounds run the growth's tensor steps as compiled graphs (graph capture here; the compiled
-    engine tests run inductor): same tree, same drafter slots, and the ancestor table its parents give."""
-    roots = torch.tensor([3, 7, 1])
-    spec = specmm.TreeSpec.dynamic(depth=3, top_k=3, total_tokens=9)
-    eager = grow_tree(spec, roots, TableDrafter().table[roots], TableDrafter().expand, SamplingConfig(0.0))
-    drafter = TableDrafter()
-    compiled = grow_tree(spec, roots, drafter.table[roots], drafter.expand, SamplingConfig(0.0), compiled=True)
-    assert drafter.calls == spec.depth - 1
-    for name in ("tokens", "parents", "depth", "valid", "node_slots"):
-        assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
-    assert torch.equal(compiled.ancestors, ancestor_mask(eager.parents, eager.depth, eager.max_depth))
-
-
 def test_static_tree_takes_the_ranked_tokens_of_each_parent():
     drafter = TableDrafter()
     spec = specmm.TreeSpec.static([[0], [1], [0, 0], [0, 2], [1, 1]])
