@@ -426,13 +426,9 @@ class SpeculativeGenerator:
             take = record_round(roots[:, None], torch.zeros_like(roots), active, state, stopping)
             _stream_round(streamer, batch, active, roots[:, None], take)
             if not self.compile:  # eager mode: rows that stopped at their first token leave (a host sync)
-                keep = state.alive.nonzero().flatten()
-                if keep.numel() == 0:
+                roots, active, generators = self._drop_stopped(state, roots, active, generators)
+                if active.numel() == 0:
                     return state, self._finish(stats, state.moved)
-                if keep.numel() < batch:
-                    self.select_rows(keep)
-                    roots, active = roots[keep], active[keep]
-                    generators = select_generators(generators, keep.tolist())
         while True:
             history = None if self.processor is None else History.of(input_ids, attention_mask, state.out,
                                                                       state.counts, active)
@@ -446,10 +442,18 @@ class SpeculativeGenerator:
             if all_done:
                 return state, self._finish(stats, state.moved)
             if any_stopped and not self.compile:  # eager mode: stopped rows leave the batch
-                keep = state.alive[active].nonzero().flatten()
-                self.select_rows(keep)
-                roots, active = roots[keep], active[keep]
-                generators = select_generators(generators, keep.tolist())
+                roots, active, generators = self._drop_stopped(state, roots, active, generators)
+
+    def _drop_stopped(self, state: RoundState, roots: Tensor, active: Tensor, generators: Generators
+                      ) -> tuple[Tensor, Tensor, Generators]:
+        """Eager mode: the live rows whose `state.alive` is still set stay in the target, the drafter, the roots [b],
+        the original-row indices `active` [b] and the generators; the others leave (one host sync)."""
+        keep = state.alive[active].nonzero().flatten()
+        if keep.numel() == active.numel():
+            return roots, active, generators
+        if keep.numel():  # none left: the generation ends, with the models untouched
+            self.select_rows(keep)
+        return roots[keep], active[keep], select_generators(generators, keep.tolist())
 
     def _round_state(self, batch: int, max_new_tokens: int, pad: int, eos: list[int]) -> RoundState:
         """A generation's `RoundState`. Spare columns let a round's tokens always be written past a row's count (then

@@ -6,7 +6,7 @@ loop therefore checks its logits and raises `NonFiniteError` naming the model an
 
 The checks are cheap: a row's maximum is NaN when any entry is NaN and +inf when any entry is +inf (and -inf
 only when the whole row is), so `isfinite(logits.amax(-1))` covers the whole tensor with one reduction. Loops
-that sync once per round fold the verdict into that sync (`stopped`); loops without a per-step sync accumulate
+that sync once per round fold the verdict into that sync (`round_flags`); loops without a per-step sync accumulate
 it on the device (`FiniteWatch`) and read it once at the end.
 """
 
@@ -72,18 +72,6 @@ def round_flags(done: Tensor, logits: Tensor) -> Tensor:
     return torch.stack([done.any(), nonfinite_rows(logits).any()])
 
 
-def stopped(done: Tensor, logits: Tensor | None, model, rounds: Tensor) -> bool:
-    """`bool(done.any())` for the engine's round, in the same single host sync also checking the round's verify
-    logits [b, T, V]; raises NonFiniteError naming the model, the round (`rounds`: forwards per live row so
-    far) and the live rows."""
-    if logits is None:
-        return bool(done.any())
-    any_done, any_bad = round_flags(done, logits).tolist()
-    if any_bad:
-        raise_nonfinite_round(logits, model, rounds)
-    return any_done
-
-
 def raise_nonfinite_round(logits: Tensor, model, rounds: Tensor) -> None:
     """Raise NonFiniteError for a round whose verify logits [b, T, V] are not all finite, naming the model, the round
     (`rounds`: forwards per live row so far) and the rows."""
@@ -111,4 +99,4 @@ class FiniteWatch:
 
 
 __all__ = ["FiniteWatch", "NonFiniteError", "check_finite", "check_finite_steps", "model_name", "nonfinite_message",
-           "nonfinite_rows", "stopped"]
+           "nonfinite_rows"]
